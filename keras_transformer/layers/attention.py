@@ -1,0 +1,293 @@
+"""Scaled dot-product and multi-head attention (paper sections 3.2.1-3.2.2).
+
+    Attention(Q, K, V) = softmax(Q K^T / sqrt(d_k)) V                   (1)
+    MultiHead(Q, K, V) = Concat(head_1, ..., head_h) W^O
+        where head_i = Attention(Q W_i^Q, K W_i^K, V W_i^V)
+
+Illegal connections (padding, future positions) are set to -inf before the
+softmax (section 3.2.3), so they receive exactly zero weight.
+"""
+
+import math
+
+import keras
+import numpy as np
+from keras import ops
+
+
+def _mask_value(dtype):
+    # The most negative finite number of the dtype plays the part of -inf:
+    # exp(mask_value - row_max) is exactly 0 for any row holding a real score,
+    # and a row where everything is masked (an all-padding sequence) averages
+    # uniformly instead of producing NaN.
+    return float(np.finfo(keras.backend.standardize_dtype(dtype)).min)
+
+
+def scaled_dot_product_attention(
+    query, key, value, mask=None, dropout=None, training=None
+):
+    """Equation (1) with explicit weights (section 3.2.1).
+
+    Args:
+        query: `(batch, target_length, num_heads, d_k)`.
+        key: `(batch, source_length, num_heads, d_k)`.
+        value: `(batch, source_length, num_heads, d_v)`.
+        mask: optional boolean, broadcastable to
+            `(batch, num_heads, target_length, source_length)`; `True` marks
+            the connections that are allowed.
+        dropout: optional `keras.layers.Dropout` applied to the weights.
+        training: forwarded to `dropout`.
+
+    Returns:
+        `(output, weights)`: output `(batch, target_length, num_heads, d_v)`
+        and the attention weights
+        `(batch, num_heads, target_length, source_length)`.
+    """
+    d_k = ops.shape(query)[-1]
+    scores = ops.einsum("btnh,bsnh->bnts", query, key)
+    scores = scores / ops.cast(math.sqrt(d_k), scores.dtype)
+    if mask is not None:
+        scores = ops.where(mask, scores, _mask_value(scores.dtype))
+    # The softmax runs in float32 even under mixed precision.
+    weights = ops.cast(ops.softmax(ops.cast(scores, "float32"), axis=-1), value.dtype)
+    if dropout is not None:
+        weights = dropout(weights, training=training)
+    return ops.einsum("bnts,bsnh->btnh", weights, value), weights
+
+
+@keras.saving.register_keras_serializable(package="keras_transformer")
+class MultiHeadAttention(keras.layers.Layer):
+    """Multi-head attention, as in section 3.2.2 of the paper.
+
+    Projects queries and keys to `num_heads` heads of `key_dim` (d_k)
+    dimensions and values to `num_heads` heads of `value_dim` (d_v)
+    dimensions, applies scaled dot-product attention to each head, concatenates
+    the heads and projects them back to the query's width (d_model) with W^O.
+    `key_dim` and `value_dim` are independent, which Table 3 rows (A) and (B)
+    need.
+
+    Where d_k == d_v, no attention weights are asked for and no attention
+    dropout is active, the attention runs through
+    `keras.ops.dot_product_attention`, which reaches each backend's fused
+    kernel. Otherwise it runs equation (1) step by step.
+
+    The layer can read and write a key/value cache for incremental decoding:
+    pass `cache=(key_cache, value_cache)` of shapes
+    `(batch, max_length, num_heads, key_dim)` and
+    `(batch, max_length, num_heads, value_dim)`. With `cache_update_index`
+    the keys and values of the current queries are written into the cache at
+    that position first (decoder self-attention); without it the cache is
+    used as it is (encoder-decoder attention over a fixed memory). The
+    updated cache is returned next to the output.
+
+    Args:
+        num_heads: h, the number of attention heads.
+        key_dim: d_k, the size of each query and key head. Defaults to
+            `d_model // num_heads`, which needs `d_model` divisible by
+            `num_heads`.
+        value_dim: d_v, the size of each value head. Defaults to `key_dim`.
+        dropout: dropout rate on the attention weights. The paper uses none
+            (the default); residual dropout lives in the encoder and decoder
+            layers.
+        use_bias: whether the projections have biases.
+        kernel_initializer: initializer of the projection matrices.
+        bias_initializer: initializer of the biases.
+        **kwargs: base `keras.layers.Layer` arguments (`name`, `dtype`...).
+
+    Call arguments:
+        query: `(batch, target_length, d_model)`.
+        value: `(batch, source_length, d_value_in)`.
+        key: optional `(batch, source_length, d_key_in)`; defaults to `value`.
+        attention_mask: optional boolean `(batch, target_length,
+            source_length)` (dimensions of size 1 broadcast); `True` marks
+            the pairs that may attend to each other.
+        use_causal_mask: whether to forbid attention to later positions
+            (decoder self-attention). With a cache, "later" counts from
+            `cache_update_index`.
+        return_attention_scores: also return the weights
+            `(batch, num_heads, target_length, source_length)`.
+        cache: optional `(key_cache, value_cache)`, see above.
+        cache_update_index: optional int or scalar tensor, see above.
+        training: whether dropout is active.
+
+    Returns:
+        The output `(batch, target_length, d_model)`, then the weights if
+        `return_attention_scores`, then the updated cache if `cache` was given.
+
+    Example:
+
+    >>> import numpy as np
+    >>> layer = MultiHeadAttention(num_heads=8)
+    >>> x = np.random.rand(2, 5, 64).astype("float32")
+    >>> padding = np.array([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1]], bool)
+    >>> out = layer(x, x, attention_mask=padding[:, None, :])
+    >>> tuple(out.shape)
+    (2, 5, 64)
+    """
+
+    def __init__(
+        self,
+        num_heads,
+        key_dim=None,
+        value_dim=None,
+        dropout=0.0,
+        use_bias=True,
+        kernel_initializer="glorot_uniform",
+        bias_initializer="zeros",
+        **kwargs,
+    ):
+        super().__init__(**kwargs)
+        if int(num_heads) < 1:
+            raise ValueError(f"`num_heads` must be at least 1, got {num_heads}.")
+        self.num_heads = int(num_heads)
+        self.key_dim = None if key_dim is None else int(key_dim)
+        self.value_dim = None if value_dim is None else int(value_dim)
+        self.dropout = float(dropout)
+        self.use_bias = use_bias
+        self.kernel_initializer = keras.initializers.get(kernel_initializer)
+        self.bias_initializer = keras.initializers.get(bias_initializer)
+        self.dropout_layer = keras.layers.Dropout(self.dropout, dtype=self.dtype_policy)
+        self.supports_masking = False
+
+    def _head_dims(self, d_model):
+        key_dim = self.key_dim
+        if key_dim is None:
+            if d_model % self.num_heads:
+                raise ValueError(
+                    f"d_model={d_model} is not divisible by num_heads="
+                    f"{self.num_heads}. Pass `key_dim` (d_k) and `value_dim` "
+                    "(d_v) explicitly, or choose num_heads dividing d_model."
+                )
+            key_dim = d_model // self.num_heads
+        value_dim = key_dim if self.value_dim is None else self.value_dim
+        return key_dim, value_dim
+
+    def _projection(self, name, equation, output_shape, bias_axes):
+        return keras.layers.EinsumDense(
+            equation,
+            output_shape=output_shape,
+            bias_axes=bias_axes if self.use_bias else None,
+            kernel_initializer=self.kernel_initializer,
+            bias_initializer=self.bias_initializer,
+            dtype=self.dtype_policy,
+            name=name,
+        )
+
+    def build(self, query_shape, value_shape=None, key_shape=None):
+        value_shape = query_shape if value_shape is None else value_shape
+        key_shape = value_shape if key_shape is None else key_shape
+        d_model = query_shape[-1]
+        self._d_k, self._d_v = self._head_dims(d_model)
+        h = self.num_heads
+        # W^Q, W^K, W^V: (d_in, h, d_k|d_v); W^O: (h, d_v, d_model).
+        self.query_dense = self._projection("query", "btd,dnh->btnh", (None, h, self._d_k), "nh")
+        self.key_dense = self._projection("key", "bsd,dnh->bsnh", (None, h, self._d_k), "nh")
+        self.value_dense = self._projection("value", "bsd,dnh->bsnh", (None, h, self._d_v), "nh")
+        self.output_dense = self._projection("attention_output", "btnh,nhd->btd", (None, d_model), "d")
+        self.query_dense.build(query_shape)
+        self.key_dense.build(key_shape)
+        self.value_dense.build(value_shape)
+        self.output_dense.build((query_shape[0], query_shape[1], h, self._d_v))
+
+    def call(
+        self,
+        query,
+        value,
+        key=None,
+        attention_mask=None,
+        use_causal_mask=False,
+        return_attention_scores=False,
+        cache=None,
+        cache_update_index=None,
+        training=None,
+    ):
+        query_heads = self.query_dense(query)
+        if cache is not None and cache_update_index is None:
+            key_heads, value_heads = cache
+        else:
+            key_heads, value_heads = self.project_key_value(value, key)
+            if cache is not None:
+                start = [0, cache_update_index, 0, 0]
+                key_heads = ops.slice_update(cache[0], start, key_heads)
+                value_heads = ops.slice_update(cache[1], start, value_heads)
+        mask = self._attention_mask(
+            query_heads, key_heads, attention_mask, use_causal_mask, cache_update_index
+        )
+
+        fused = (
+            self._d_k == self._d_v
+            and not return_attention_scores
+            and (self.dropout == 0.0 or not training)
+        )
+        if fused:
+            heads = ops.dot_product_attention(
+                query_heads, key_heads, value_heads, mask=mask
+            )
+            weights = None
+        else:
+            heads, weights = scaled_dot_product_attention(
+                query_heads, key_heads, value_heads, mask, self.dropout_layer, training
+            )
+        outputs = [self.output_dense(heads)]
+        if return_attention_scores:
+            outputs.append(weights)
+        if cache is not None:
+            outputs.append((key_heads, value_heads))
+        return outputs[0] if len(outputs) == 1 else tuple(outputs)
+
+    def project_key_value(self, value, key=None):
+        """The projected `(key_heads, value_heads)` of a memory, as a cache.
+
+        Encoder-decoder attention attends to the same encoder output at every
+        decoding step: computing its keys and values once and passing them as
+        `cache` (with no `cache_update_index`) saves recomputing them.
+        """
+        key = value if key is None else key
+        return self.key_dense(key), self.value_dense(value)
+
+    def _attention_mask(self, query_heads, key_heads, attention_mask, causal, offset):
+        """Boolean `(batch, 1, target_length, source_length)` mask, or None."""
+        mask = None
+        if attention_mask is not None:
+            if len(attention_mask.shape) != 3:
+                raise ValueError(
+                    "`attention_mask` must have rank 3, "
+                    "(batch, target_length, source_length), with size-1 axes "
+                    "broadcasting; got shape "
+                    f"{tuple(attention_mask.shape)}. For a padding mask of "
+                    "shape (batch, source_length) pass mask[:, None, :]."
+                )
+            expected = (query_heads.shape[0], query_heads.shape[1], key_heads.shape[1])
+            for got, want in zip(attention_mask.shape, expected):
+                if got is not None and want is not None and got not in (1, want):
+                    raise ValueError(
+                        f"`attention_mask` of shape {tuple(attention_mask.shape)} "
+                        "does not match (batch, target_length, source_length) = "
+                        f"{expected}."
+                    )
+            mask = ops.expand_dims(ops.cast(attention_mask, "bool"), axis=1)
+        if causal:
+            target_length = ops.shape(query_heads)[1]
+            source_length = ops.shape(key_heads)[1]
+            offset = 0 if offset is None else offset
+            query_positions = ops.arange(target_length) + offset
+            key_positions = ops.arange(source_length)
+            causal_mask = key_positions[None, :] <= query_positions[:, None]
+            causal_mask = causal_mask[None, None, :, :]
+            mask = causal_mask if mask is None else ops.logical_and(mask, causal_mask)
+        return mask
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(
+            {
+                "num_heads": self.num_heads,
+                "key_dim": self.key_dim,
+                "value_dim": self.value_dim,
+                "dropout": self.dropout,
+                "use_bias": self.use_bias,
+                "kernel_initializer": keras.initializers.serialize(self.kernel_initializer),
+                "bias_initializer": keras.initializers.serialize(self.bias_initializer),
+            }
+        )
+        return config

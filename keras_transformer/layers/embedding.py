@@ -1,0 +1,101 @@
+"""Embeddings and softmax (paper section 3.4).
+
+One learned matrix serves three roles: the source embedding, the target
+embedding and the pre-softmax linear transformation. As an embedding its
+output is multiplied by sqrt(d_model).
+"""
+
+import math
+
+import keras
+from keras import ops
+
+
+@keras.saving.register_keras_serializable(package="keras_transformer")
+class SharedTokenEmbedding(keras.layers.ReversibleEmbedding):
+    """The token embedding shared by source, target and output projection.
+
+    Built on `keras.layers.ReversibleEmbedding` with tied weights: called on
+    integer token ids it returns `embeddings[ids] * sqrt(d_model)`; called
+    with `reverse=True` on hidden states it returns the logits
+    `hidden @ embeddings^T` (without the scaling, as in the paper).
+
+    Args:
+        vocabulary_size: size of the shared subword vocabulary.
+        d_model: width of the embeddings.
+        scale_embeddings: multiply embeddings by sqrt(d_model) (section 3.4).
+        embeddings_initializer: defaults to a normal distribution with
+            standard deviation d_model^-0.5, which with the sqrt(d_model)
+            scaling gives embeddings of unit variance (as tensor2tensor).
+        **kwargs: further `keras.layers.ReversibleEmbedding` arguments.
+
+    Call arguments:
+        inputs: integer token ids `(batch, length)`, or hidden states
+            `(batch, length, d_model)` with `reverse=True`.
+        reverse: whether to project hidden states to logits.
+
+    Example:
+
+    >>> import numpy as np
+    >>> embedding = SharedTokenEmbedding(vocabulary_size=100, d_model=16)
+    >>> hidden = embedding(np.array([[5, 9, 2]]))
+    >>> tuple(embedding(hidden, reverse=True).shape)
+    (1, 3, 100)
+    """
+
+    def __init__(
+        self,
+        vocabulary_size,
+        d_model,
+        scale_embeddings=True,
+        embeddings_initializer=None,
+        **kwargs,
+    ):
+        kwargs.pop("input_dim", None)
+        kwargs.pop("output_dim", None)
+        kwargs.pop("tie_weights", None)
+        if embeddings_initializer is None:
+            embeddings_initializer = keras.initializers.RandomNormal(stddev=int(d_model) ** -0.5)
+        super().__init__(
+            input_dim=int(vocabulary_size),
+            output_dim=int(d_model),
+            tie_weights=True,
+            embeddings_initializer=embeddings_initializer,
+            **kwargs,
+        )
+        self.scale_embeddings = scale_embeddings
+
+    @property
+    def vocabulary_size(self):
+        return self.input_dim
+
+    @property
+    def d_model(self):
+        return self.output_dim
+
+    def call(self, inputs, reverse=False):
+        if reverse:
+            return super().call(inputs, reverse=True)
+        dtype = keras.backend.standardize_dtype(inputs.dtype)
+        if "int" not in dtype:
+            raise TypeError(
+                f"{self.name} expects integer token ids, got dtype {dtype}. "
+                "Tokenize the text first and pass int32 or int64 ids."
+            )
+        outputs = super().call(inputs)
+        if self.scale_embeddings:
+            outputs = outputs * ops.cast(math.sqrt(self.output_dim), outputs.dtype)
+        return outputs
+
+    def get_config(self):
+        config = super().get_config()
+        for key in ("input_dim", "output_dim", "tie_weights"):
+            config.pop(key)
+        config.update(
+            {
+                "vocabulary_size": self.input_dim,
+                "d_model": self.output_dim,
+                "scale_embeddings": self.scale_embeddings,
+            }
+        )
+        return config

@@ -1,0 +1,100 @@
+"""Label-smoothed cross-entropy (paper section 5.4, epsilon_ls = 0.1)."""
+
+import keras
+from keras import ops
+
+# Keras' own losses mark ignored positions by attaching a mask to the
+# per-token losses, which `Loss.__call__` then averages over; the helper is
+# not public API, so it is imported from where Keras' losses take it.
+from keras.src.backend import set_keras_mask
+
+
+@keras.saving.register_keras_serializable(package="keras_transformer")
+class LabelSmoothedCrossEntropy(keras.losses.Loss):
+    """Cross-entropy against a smoothed target distribution, on integer labels.
+
+    Convention (as tensor2tensor and fairseq): the true token gets
+    probability 1 - eps and each of the V - 1 other tokens eps / (V - 1).
+    (Keras' `CategoricalCrossentropy(label_smoothing=eps)` instead gives
+    eps / V to every token, the true one included.) With log-probabilities
+    `lp = log_softmax(logits)` the per-token loss is
+
+        -(1 - eps) * lp[y] - eps / (V - 1) * (sum(lp) - lp[y])
+
+    which needs only a gather and a sum over the vocabulary, never a one-hot
+    of it. Positions whose label is `ignore_class` (padding) contribute
+    nothing, and the loss is averaged over the remaining tokens.
+
+    Args:
+        label_smoothing: eps_ls (the paper: 0.1). 0 gives plain
+            cross-entropy.
+        from_logits: whether `y_pred` holds logits (the default) or
+            probabilities.
+        ignore_class: label id to ignore (padding), or None.
+        reduction: Keras loss reduction; the default averages over the
+            tokens that are not ignored.
+        name: loss name.
+        dtype: dtype of the loss computation.
+
+    Example:
+
+    >>> import numpy as np
+    >>> loss = LabelSmoothedCrossEntropy(label_smoothing=0.1, ignore_class=0)
+    >>> labels = np.array([[5, 2, 0]])  # the last position is padding
+    >>> logits = np.random.randn(1, 3, 10).astype("float32")
+    >>> float(loss(labels, logits)) > 0
+    True
+    """
+
+    def __init__(
+        self,
+        label_smoothing=0.1,
+        from_logits=True,
+        ignore_class=None,
+        reduction="sum_over_batch_size",
+        name="label_smoothed_cross_entropy",
+        dtype=None,
+    ):
+        super().__init__(name=name, reduction=reduction, dtype=dtype)
+        if not 0.0 <= label_smoothing < 1.0:
+            raise ValueError(f"label_smoothing must be in [0, 1), got {label_smoothing}.")
+        self.label_smoothing = float(label_smoothing)
+        self.from_logits = from_logits
+        self.ignore_class = ignore_class
+
+    def call(self, y_true, y_pred):
+        labels = ops.cast(y_true, "int32")
+        if len(labels.shape) == len(y_pred.shape):
+            labels = ops.squeeze(labels, axis=-1)
+        if self.from_logits:
+            log_probs = ops.log_softmax(y_pred, axis=-1)
+        else:
+            log_probs = ops.log(ops.clip(y_pred, keras.backend.epsilon(), 1.0))
+        vocabulary_size = ops.shape(y_pred)[-1]
+        valid = None
+        if self.ignore_class is not None:
+            valid = ops.not_equal(labels, self.ignore_class)
+            labels = ops.where(valid, labels, 0)
+        true_log_prob = ops.squeeze(
+            ops.take_along_axis(log_probs, ops.expand_dims(labels, -1), axis=-1), -1
+        )
+        eps = self.label_smoothing
+        loss = -(1.0 - eps) * true_log_prob
+        if eps > 0:
+            others = ops.sum(log_probs, axis=-1) - true_log_prob
+            loss = loss - eps / ops.cast(vocabulary_size - 1, loss.dtype) * others
+        if valid is not None:
+            loss = ops.where(valid, loss, 0.0)
+            set_keras_mask(loss, valid)
+        return loss
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(
+            {
+                "label_smoothing": self.label_smoothing,
+                "from_logits": self.from_logits,
+                "ignore_class": self.ignore_class,
+            }
+        )
+        return config

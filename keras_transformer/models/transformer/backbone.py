@@ -1,0 +1,302 @@
+"""The encoder-decoder of "Attention Is All You Need" (paper section 3,
+Figure 1) as a functional Keras model."""
+
+import keras
+import keras_hub
+
+from keras_transformer.layers.decoder import TransformerDecoderLayer
+from keras_transformer.layers.embedding import SharedTokenEmbedding
+from keras_transformer.layers.encoder import TransformerEncoderLayer
+from keras_transformer.layers.position import LearnedPositionEmbedding
+from keras_transformer.layers.position import SinusoidalPositionEncoding
+
+POSITION_ENCODINGS = ("sinusoidal", "learned")
+
+
+@keras.saving.register_keras_serializable(package="keras_transformer")
+class TransformerBackbone(keras_hub.models.Backbone):
+    """The Transformer encoder-decoder (section 3, Figure 1).
+
+    Source and target token ids go through one shared embedding scaled by
+    sqrt(d_model) (section 3.4), plus positional encodings (section 3.5),
+    plus dropout (section 5.4); then through `num_layers` encoder layers and
+    `num_layers` decoder layers (section 3.1). Following keras-hub, the
+    backbone returns hidden states; `backbone.token_embedding(hidden,
+    reverse=True)` turns decoder states into logits over the shared
+    vocabulary with the same matrix (the pre-softmax projection of
+    section 3.4), which `TransformerSeq2SeqLM` does.
+
+    Every hyper-parameter of Table 3 is an argument;
+    `keras_transformer.models.PAPER_CONFIGS` holds the paper's rows:
+    `TransformerBackbone(vocabulary_size=37000, **PAPER_CONFIGS["base"])`.
+
+    Args:
+        vocabulary_size: size of the shared source/target vocabulary.
+        num_layers: N, the number of encoder layers and of decoder layers.
+        d_model: width of embeddings and of every layer output.
+        d_ff: inner width of the feed-forward networks.
+        num_heads: h, attention heads per attention layer.
+        key_dim: d_k, per-head query/key size; defaults to d_model // h.
+        value_dim: d_v, per-head value size; defaults to `key_dim`.
+        dropout: P_drop, on embeddings + positions and on every sub-layer
+            output.
+        attention_dropout: dropout on attention weights (the paper: 0).
+        position_encoding: `"sinusoidal"` (the paper) or `"learned"`
+            (Table 3 row E).
+        max_sequence_length: longest source or target sequence; the size of
+            the learned position tables, and the limit checked when
+            translating.
+        normalize_first: pre-norm layers (with a final LayerNorm after each
+            stack) instead of the paper's post-norm.
+        layer_norm_epsilon: epsilon of every LayerNorm.
+        dtype: dtype policy of the model, such as `"mixed_bfloat16"`.
+        **kwargs: `keras_hub.models.Backbone` arguments (`name`...).
+
+    Inputs (a dict):
+        encoder_token_ids: int `(batch, source_length)`.
+        encoder_padding_mask: `(batch, source_length)`, 1 at real tokens.
+        decoder_token_ids: int `(batch, target_length)`.
+        decoder_padding_mask: `(batch, target_length)`, 1 at real tokens.
+
+    Outputs (a dict):
+        encoder_sequence_output: `(batch, source_length, d_model)`.
+        decoder_sequence_output: `(batch, target_length, d_model)`.
+
+    Example:
+
+    >>> import numpy as np
+    >>> backbone = TransformerBackbone(
+    ...     vocabulary_size=1000, num_layers=2, d_model=64, d_ff=128, num_heads=4
+    ... )
+    >>> outputs = backbone({
+    ...     "encoder_token_ids": np.array([[5, 8, 2, 0]]),
+    ...     "encoder_padding_mask": np.array([[1, 1, 1, 0]]),
+    ...     "decoder_token_ids": np.array([[1, 7, 9]]),
+    ...     "decoder_padding_mask": np.array([[1, 1, 1]]),
+    ... })
+    >>> logits = backbone.token_embedding(
+    ...     outputs["decoder_sequence_output"], reverse=True
+    ... )
+    >>> tuple(logits.shape)
+    (1, 3, 1000)
+    """
+
+    def __init__(
+        self,
+        vocabulary_size,
+        num_layers=6,
+        d_model=512,
+        d_ff=2048,
+        num_heads=8,
+        key_dim=None,
+        value_dim=None,
+        dropout=0.1,
+        attention_dropout=0.0,
+        position_encoding="sinusoidal",
+        max_sequence_length=1024,
+        normalize_first=False,
+        layer_norm_epsilon=1e-5,
+        dtype=None,
+        **kwargs,
+    ):
+        if position_encoding not in POSITION_ENCODINGS:
+            raise ValueError(
+                f"Unknown position_encoding={position_encoding!r}; "
+                f"expected one of {POSITION_ENCODINGS}."
+            )
+        if key_dim is None and d_model % num_heads:
+            raise ValueError(
+                f"d_model={d_model} is not divisible by num_heads={num_heads}. "
+                "Pass key_dim (d_k) and value_dim (d_v), or choose num_heads "
+                "dividing d_model."
+            )
+        # === Layers ===
+        self.token_embedding = SharedTokenEmbedding(
+            vocabulary_size, d_model, dtype=dtype, name="token_embedding"
+        )
+        if position_encoding == "sinusoidal":
+            # The sinusoids have no weights: one layer serves both stacks.
+            self.encoder_position = SinusoidalPositionEncoding(dtype=dtype, name="position_encoding")
+            self.decoder_position = self.encoder_position
+        else:
+            self.encoder_position, self.decoder_position = (
+                LearnedPositionEmbedding(max_sequence_length, dtype=dtype, name=f"{side}_position_embedding")
+                for side in ("encoder", "decoder")
+            )
+        self.encoder_embeddings_dropout = keras.layers.Dropout(
+            dropout, dtype=dtype, name="encoder_embeddings_dropout"
+        )
+        self.decoder_embeddings_dropout = keras.layers.Dropout(
+            dropout, dtype=dtype, name="decoder_embeddings_dropout"
+        )
+        layer_kwargs = dict(
+            num_heads=num_heads,
+            d_ff=d_ff,
+            key_dim=key_dim,
+            value_dim=value_dim,
+            dropout=dropout,
+            attention_dropout=attention_dropout,
+            normalize_first=normalize_first,
+            layer_norm_epsilon=layer_norm_epsilon,
+            dtype=dtype,
+        )
+        self.encoder_layers = [
+            TransformerEncoderLayer(**layer_kwargs, name=f"encoder_layer_{i}")
+            for i in range(num_layers)
+        ]
+        self.decoder_layers = [
+            TransformerDecoderLayer(**layer_kwargs, name=f"decoder_layer_{i}")
+            for i in range(num_layers)
+        ]
+        self.encoder_norm = self.decoder_norm = None
+        if normalize_first:
+            self.encoder_norm, self.decoder_norm = (
+                keras.layers.LayerNormalization(
+                    epsilon=layer_norm_epsilon, dtype=dtype, name=f"{side}_norm"
+                )
+                for side in ("encoder", "decoder")
+            )
+
+        # === Functional model ===
+        encoder_token_ids = keras.Input((None,), dtype="int32", name="encoder_token_ids")
+        encoder_padding_mask = keras.Input((None,), dtype="int32", name="encoder_padding_mask")
+        decoder_token_ids = keras.Input((None,), dtype="int32", name="decoder_token_ids")
+        decoder_padding_mask = keras.Input((None,), dtype="int32", name="decoder_padding_mask")
+        encoder_output = self.encode(encoder_token_ids, encoder_padding_mask)
+        decoder_output = self.decode(
+            decoder_token_ids, encoder_output, decoder_padding_mask, encoder_padding_mask
+        )
+        super().__init__(
+            inputs={
+                "encoder_token_ids": encoder_token_ids,
+                "encoder_padding_mask": encoder_padding_mask,
+                "decoder_token_ids": decoder_token_ids,
+                "decoder_padding_mask": decoder_padding_mask,
+            },
+            outputs={
+                "encoder_sequence_output": encoder_output,
+                "decoder_sequence_output": decoder_output,
+            },
+            dtype=dtype,
+            **kwargs,
+        )
+
+        # === Config ===
+        self.vocabulary_size = vocabulary_size
+        self.num_layers = num_layers
+        self.d_model = d_model
+        self.d_ff = d_ff
+        self.num_heads = num_heads
+        self.key_dim = key_dim
+        self.value_dim = value_dim
+        self.dropout = dropout
+        self.attention_dropout = attention_dropout
+        self.position_encoding = position_encoding
+        self.max_sequence_length = max_sequence_length
+        self.normalize_first = normalize_first
+        self.layer_norm_epsilon = layer_norm_epsilon
+
+    def call(self, inputs, training=None, mask=None):
+        _check_inputs(inputs)
+        return super().call(inputs, training=training, mask=mask)
+
+    def embed(self, token_ids, position_layer, dropout_layer, start_index=0, training=None):
+        """Embedding * sqrt(d_model) + positional encoding, then dropout."""
+        x = self.token_embedding(token_ids)
+        x = x + position_layer(x, start_index=start_index)
+        return dropout_layer(x, training=training)
+
+    def encode(self, token_ids, padding_mask=None, training=None):
+        """The encoder stack: token ids to `(batch, source_length, d_model)`."""
+        x = self.embed(
+            token_ids, self.encoder_position, self.encoder_embeddings_dropout, training=training
+        )
+        for layer in self.encoder_layers:
+            x = layer(x, padding_mask=padding_mask, training=training)
+        return x if self.encoder_norm is None else self.encoder_norm(x)
+
+    def decode(
+        self,
+        token_ids,
+        encoder_output,
+        decoder_padding_mask=None,
+        encoder_padding_mask=None,
+        training=None,
+    ):
+        """The decoder stack on the whole target at once (teacher forcing)."""
+        x = self.embed(
+            token_ids, self.decoder_position, self.decoder_embeddings_dropout, training=training
+        )
+        for layer in self.decoder_layers:
+            x = layer(
+                x,
+                encoder_output,
+                decoder_padding_mask=decoder_padding_mask,
+                encoder_padding_mask=encoder_padding_mask,
+                training=training,
+            )
+        return x if self.decoder_norm is None else self.decoder_norm(x)
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(
+            {
+                "vocabulary_size": self.vocabulary_size,
+                "num_layers": self.num_layers,
+                "d_model": self.d_model,
+                "d_ff": self.d_ff,
+                "num_heads": self.num_heads,
+                "key_dim": self.key_dim,
+                "value_dim": self.value_dim,
+                "dropout": self.dropout,
+                "attention_dropout": self.attention_dropout,
+                "position_encoding": self.position_encoding,
+                "max_sequence_length": self.max_sequence_length,
+                "normalize_first": self.normalize_first,
+                "layer_norm_epsilon": self.layer_norm_epsilon,
+            }
+        )
+        return config
+
+
+INPUT_NAMES = (
+    "encoder_token_ids",
+    "encoder_padding_mask",
+    "decoder_token_ids",
+    "decoder_padding_mask",
+)
+
+
+def _check_inputs(inputs):
+    """Clear errors for the mistakes the functional model would hide or
+    report far from their cause: a missing key, float ids, a wrong rank."""
+    if not isinstance(inputs, dict):
+        raise TypeError(
+            f"TransformerBackbone takes a dict with keys {INPUT_NAMES}, "
+            f"got {type(inputs).__name__}."
+        )
+    missing = [name for name in INPUT_NAMES if name not in inputs]
+    if missing:
+        raise KeyError(
+            f"TransformerBackbone inputs lack {missing}; expected the keys {INPUT_NAMES}."
+        )
+    for name in INPUT_NAMES:
+        value = inputs[name]
+        shape = tuple(value.shape)
+        if len(shape) != 2:
+            raise ValueError(
+                f"`{name}` must have rank 2, (batch, length); got shape {shape}."
+            )
+        dtype = keras.backend.standardize_dtype(value.dtype)
+        if name.endswith("token_ids") and "int" not in dtype:
+            raise TypeError(
+                f"`{name}` must hold integer token ids, got dtype {dtype}. "
+                "Tokenize the text and pass int32 or int64 ids."
+            )
+    for side in ("encoder", "decoder"):
+        ids, mask = inputs[f"{side}_token_ids"], inputs[f"{side}_padding_mask"]
+        if None not in ids.shape and None not in mask.shape and tuple(ids.shape) != tuple(mask.shape):
+            raise ValueError(
+                f"`{side}_padding_mask` has shape {tuple(mask.shape)} but "
+                f"`{side}_token_ids` has shape {tuple(ids.shape)}; they must match."
+            )
