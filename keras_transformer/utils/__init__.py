@@ -1,0 +1,1 @@
+"""Helpers that are not part of the paper's model."""

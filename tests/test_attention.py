@@ -1,0 +1,135 @@
+"""Multi-head attention (section 3.2) against a NumPy implementation."""
+
+import keras
+import numpy as np
+import pytest
+
+from keras_transformer.layers import MultiHeadAttention
+from keras_transformer.layers import scaled_dot_product_attention
+
+from helpers import to_numpy
+
+
+def numpy_multi_head_attention(layer, query, value, mask=None, causal=False):
+    """Equation (1) and MultiHead(Q, K, V) in NumPy from the layer's weights."""
+
+    def project(dense, x):
+        return np.einsum("btd,dnh->btnh", x, to_numpy(dense.kernel)) + to_numpy(dense.bias)
+
+    q, k, v = project(layer.query_dense, query), project(layer.key_dense, value), project(
+        layer.value_dense, value
+    )
+    scores = np.einsum("btnh,bsnh->bnts", q, k) / np.sqrt(q.shape[-1])
+    allowed = np.ones(scores.shape, bool)
+    if mask is not None:
+        allowed &= mask[:, None, :, :]
+    if causal:
+        allowed &= np.tril(np.ones(scores.shape[-2:], bool))
+    scores = np.where(allowed, scores, -np.inf)
+    weights = np.exp(scores - scores.max(-1, keepdims=True))
+    weights /= weights.sum(-1, keepdims=True)
+    heads = np.einsum("bnts,bsnh->btnh", weights, v)
+    out = np.einsum("btnh,nhd->btd", heads, to_numpy(layer.output_dense.kernel))
+    return out + to_numpy(layer.output_dense.bias), weights
+
+
+def random_bias(layer):
+    # Zero-initialized biases would hide a bias mix-up; give them values.
+    for dense in (layer.query_dense, layer.key_dense, layer.value_dense, layer.output_dense):
+        dense.bias.assign(np.random.normal(size=dense.bias.shape).astype("float32"))
+
+
+@pytest.mark.parametrize("key_dim,value_dim", [(None, None), (4, 12), (16, 16)])
+def test_matches_numpy_with_padding_mask(key_dim, value_dim):
+    layer = MultiHeadAttention(num_heads=4, key_dim=key_dim, value_dim=value_dim)
+    query = np.random.normal(size=(2, 5, 32)).astype("float32")
+    value = np.random.normal(size=(2, 7, 32)).astype("float32")
+    padding = np.ones((2, 7), bool)
+    padding[0, 4:] = False
+    mask = np.broadcast_to(padding[:, None, :], (2, 5, 7))
+    layer(query, value)
+    random_bias(layer)
+    expected, expected_weights = numpy_multi_head_attention(layer, query, value, mask)
+    output, weights = layer(query, value, attention_mask=mask, return_attention_scores=True)
+    np.testing.assert_allclose(to_numpy(output), expected, atol=1e-5, rtol=1e-5)
+    np.testing.assert_allclose(to_numpy(weights), expected_weights, atol=1e-6)
+    # The fused path (no weights asked for) gives the same output.
+    fused = layer(query, value, attention_mask=padding[:, None, :])
+    np.testing.assert_allclose(to_numpy(fused), expected, atol=1e-5, rtol=1e-5)
+    # Masked keys get exactly zero weight.
+    assert np.all(to_numpy(weights)[0, :, :, 4:] == 0.0)
+
+
+def test_causal_mask_matches_numpy_and_zeroes_the_future():
+    layer = MultiHeadAttention(num_heads=2)
+    x = np.random.normal(size=(3, 6, 16)).astype("float32")
+    layer(x, x)
+    random_bias(layer)
+    expected, _ = numpy_multi_head_attention(layer, x, x, causal=True)
+    output, weights = layer(x, x, use_causal_mask=True, return_attention_scores=True)
+    np.testing.assert_allclose(to_numpy(output), expected, atol=1e-5, rtol=1e-5)
+    future = np.triu(np.ones((6, 6), bool), k=1)
+    assert np.all(to_numpy(weights)[..., future] == 0.0)
+    np.testing.assert_allclose(
+        to_numpy(layer(x, x, use_causal_mask=True)), expected, atol=1e-5, rtol=1e-5
+    )
+
+
+def test_scaled_dot_product_attention_is_equation_1():
+    q = np.random.normal(size=(1, 3, 1, 8)).astype("float32")
+    k = np.random.normal(size=(1, 4, 1, 8)).astype("float32")
+    v = np.random.normal(size=(1, 4, 1, 5)).astype("float32")
+    out, weights = scaled_dot_product_attention(q, k, v)
+    scores = q[0, :, 0] @ k[0, :, 0].T / np.sqrt(8)
+    softmax = np.exp(scores) / np.exp(scores).sum(-1, keepdims=True)
+    np.testing.assert_allclose(to_numpy(weights)[0, 0], softmax, rtol=1e-5)
+    np.testing.assert_allclose(to_numpy(out)[0, :, 0], softmax @ v[0, :, 0], rtol=1e-5, atol=1e-6)
+
+
+def test_cache_gives_the_same_output_as_full_attention():
+    layer = MultiHeadAttention(num_heads=2, key_dim=8, value_dim=6)
+    x = np.random.normal(size=(2, 5, 16)).astype("float32")
+    full = to_numpy(layer(x, x, use_causal_mask=True))
+    cache = (np.zeros((2, 5, 2, 8), "float32"), np.zeros((2, 5, 2, 6), "float32"))
+    steps = []
+    for t in range(5):
+        out, cache = layer(
+            x[:, t : t + 1], x[:, t : t + 1], use_causal_mask=True, cache=cache, cache_update_index=t
+        )
+        steps.append(to_numpy(out))
+    np.testing.assert_allclose(np.concatenate(steps, axis=1), full, atol=1e-5, rtol=1e-5)
+    # A precomputed memory cache (encoder-decoder attention) equals no cache.
+    memory = np.random.normal(size=(2, 7, 16)).astype("float32")
+    out, _ = layer(x, memory, cache=layer.project_key_value(memory))
+    np.testing.assert_allclose(to_numpy(out), to_numpy(layer(x, memory)), atol=1e-6)
+
+
+def test_attention_dropout_only_in_training():
+    layer = MultiHeadAttention(num_heads=2, dropout=0.5)
+    x = np.random.normal(size=(2, 4, 8)).astype("float32")
+    inference = to_numpy(layer(x, x, training=False))
+    np.testing.assert_allclose(inference, to_numpy(layer(x, x)), atol=1e-6)
+    assert not np.allclose(to_numpy(layer(x, x, training=True)), inference)
+
+
+def test_heads_that_do_not_divide_d_model_need_key_dim():
+    with pytest.raises(ValueError, match="not divisible by num_heads"):
+        MultiHeadAttention(num_heads=3)(np.zeros((1, 2, 8), "float32"), np.zeros((1, 2, 8), "float32"))
+    layer = MultiHeadAttention(num_heads=3, key_dim=4)
+    assert tuple(layer(np.zeros((1, 2, 8), "float32"), np.zeros((1, 2, 8), "float32")).shape) == (1, 2, 8)
+
+
+def test_mask_of_wrong_shape_is_refused():
+    layer = MultiHeadAttention(num_heads=2)
+    x = np.zeros((2, 4, 8), "float32")
+    with pytest.raises(ValueError, match="rank 3"):
+        layer(x, x, attention_mask=np.ones((2, 4), bool))
+    with pytest.raises(ValueError, match="does not match"):
+        layer(x, x, attention_mask=np.ones((2, 4, 5), bool))
+
+
+def test_config_round_trip():
+    layer = MultiHeadAttention(num_heads=4, key_dim=16, value_dim=8, dropout=0.1, name="mha")
+    clone = MultiHeadAttention.from_config(layer.get_config())
+    assert clone.get_config() == layer.get_config()
+    assert isinstance(keras.layers.deserialize(keras.layers.serialize(layer)), MultiHeadAttention)
