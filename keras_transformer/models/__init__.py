@@ -4,5 +4,20 @@ from keras_transformer.models.transformer import PAPER_CONFIGS
 from keras_transformer.models.transformer import PAPER_TABLE3
 from keras_transformer.models.transformer import PAPER_VOCABULARY_SIZE
 from keras_transformer.models.transformer import TransformerBackbone
+from keras_transformer.models.transformer import TransformerSeq2SeqLM
+from keras_transformer.models.transformer import TransformerSeq2SeqLMPreprocessor
+from keras_transformer.models.transformer import TransformerTokenizer
+from keras_transformer.models.transformer import TransformerWordPieceTokenizer
+from keras_transformer.models.transformer import train_tokenizer
 
-__all__ = ["PAPER_CONFIGS", "PAPER_TABLE3", "PAPER_VOCABULARY_SIZE", "TransformerBackbone"]
+__all__ = [
+    "PAPER_CONFIGS",
+    "PAPER_TABLE3",
+    "PAPER_VOCABULARY_SIZE",
+    "TransformerBackbone",
+    "TransformerSeq2SeqLM",
+    "TransformerSeq2SeqLMPreprocessor",
+    "TransformerTokenizer",
+    "TransformerWordPieceTokenizer",
+    "train_tokenizer",
+]

@@ -2,3 +2,10 @@ from keras_transformer.models.transformer.backbone import TransformerBackbone
 from keras_transformer.models.transformer.presets import PAPER_CONFIGS
 from keras_transformer.models.transformer.presets import PAPER_TABLE3
 from keras_transformer.models.transformer.presets import PAPER_VOCABULARY_SIZE
+from keras_transformer.models.transformer.seq2seq_lm import TransformerSeq2SeqLM
+from keras_transformer.models.transformer.seq2seq_lm_preprocessor import (
+    TransformerSeq2SeqLMPreprocessor,
+)
+from keras_transformer.models.transformer.tokenizer import TransformerTokenizer
+from keras_transformer.models.transformer.tokenizer import TransformerWordPieceTokenizer
+from keras_transformer.models.transformer.tokenizer import train_tokenizer

@@ -1,0 +1,237 @@
+"""The translation task: the backbone, the pre-softmax projection, the paper's
+training recipe (section 5) and decoding (section 6.1)."""
+
+import keras
+import keras_hub
+import numpy as np
+from keras import ops
+
+from keras_transformer.losses import LabelSmoothedCrossEntropy
+from keras_transformer.models.transformer.backbone import TransformerBackbone
+from keras_transformer.models.transformer.seq2seq_lm_preprocessor import (
+    TransformerSeq2SeqLMPreprocessor,
+)
+from keras_transformer.schedules import paper_optimizer
+
+
+@keras.saving.register_keras_serializable(package="keras_transformer")
+class TransformerSeq2SeqLM(keras_hub.models.Seq2SeqLM):
+    """A Transformer that translates: `fit` on sentence pairs, `generate`.
+
+    The functional model maps the backbone's inputs to logits over the
+    shared vocabulary, through the embedding matrix transposed (section
+    3.4). `compile()` defaults to the paper's recipe: Adam(0.9, 0.98, 1e-9)
+    on the warm-up schedule of equation (3) (section 5.3) and cross-entropy
+    with label smoothing 0.1 that ignores padding (section 5.4).
+
+    `fit` takes `{"encoder_text": sources, "decoder_text": targets}` (the
+    preprocessor tokenizes them), or a `tf.data.Dataset` of already tokenized
+    batches such as `keras_transformer.data.token_budget_batches(...).dataset()`.
+
+    Args:
+        backbone: a `TransformerBackbone`.
+        preprocessor: a `TransformerSeq2SeqLMPreprocessor`, or None to feed
+            token ids yourself.
+        **kwargs: `keras_hub.models.Seq2SeqLM` arguments.
+
+    Example:
+
+    ```python
+    tokenizer = TransformerTokenizer.train(sources + targets, 8000)
+    preprocessor = TransformerSeq2SeqLMPreprocessor(tokenizer)
+    backbone = TransformerBackbone(tokenizer.vocabulary_size(), num_layers=3,
+                                   d_model=256, d_ff=1024, num_heads=4)
+    model = TransformerSeq2SeqLM(backbone, preprocessor)
+    model.fit({"encoder_text": sources, "decoder_text": targets}, epochs=10)
+    model.generate(["A man rides a bicycle."])
+    ```
+    """
+
+    backbone_cls = TransformerBackbone
+    preprocessor_cls = TransformerSeq2SeqLMPreprocessor
+
+    def __init__(self, backbone, preprocessor=None, **kwargs):
+        # === Layers ===
+        self.backbone = backbone
+        self.preprocessor = preprocessor
+
+        # === Functional model ===
+        inputs = backbone.input
+        hidden_states = backbone(inputs)["decoder_sequence_output"]
+        logits = backbone.token_embedding(hidden_states, reverse=True)
+        super().__init__(inputs=inputs, outputs=logits, **kwargs)
+
+    def compile(
+        self,
+        optimizer="auto",
+        loss="auto",
+        *,
+        weighted_metrics="auto",
+        sampler="greedy",
+        warmup_steps=4000,
+        label_smoothing=0.1,
+        **kwargs,
+    ):
+        """Configures training; the defaults are the paper's recipe.
+
+        Args:
+            optimizer: `"auto"` for `paper_optimizer(d_model, warmup_steps)`,
+                or any Keras optimizer.
+            loss: `"auto"` for `LabelSmoothedCrossEntropy(label_smoothing)`
+                ignoring the padding id, or any Keras loss.
+            weighted_metrics: `"auto"` for token accuracy over real tokens.
+            sampler: kept for keras-hub compatibility; `generate` takes its
+                own `sampler` argument.
+            warmup_steps: warm-up of the `"auto"` schedule.
+            label_smoothing: eps_ls of the `"auto"` loss.
+            **kwargs: further `keras.Model.compile` arguments.
+        """
+        if optimizer == "auto":
+            optimizer = paper_optimizer(self.backbone.d_model, warmup_steps=warmup_steps)
+        if loss == "auto":
+            loss = LabelSmoothedCrossEntropy(label_smoothing, ignore_class=self._pad_id)
+        if weighted_metrics == "auto":
+            weighted_metrics = [keras.metrics.SparseCategoricalAccuracy(name="accuracy")]
+        super().compile(
+            optimizer=optimizer,
+            loss=loss,
+            weighted_metrics=weighted_metrics,
+            sampler=sampler,
+            **kwargs,
+        )
+
+    @property
+    def _pad_id(self):
+        tokenizer = getattr(self.preprocessor, "tokenizer", None)
+        pad_id = getattr(tokenizer, "pad_token_id", None)
+        return 0 if pad_id is None else pad_id
+
+    # === Incremental decoding (section 6.1) ===
+
+    def encode(self, encoder_token_ids, encoder_padding_mask):
+        """The encoder output for a batch of sources."""
+        return self.backbone.encode(encoder_token_ids, encoder_padding_mask)
+
+    def initial_cache(self, encoder_output, max_length):
+        """The decoding state of every decoder layer: an empty self-attention
+        key/value cache of `max_length` positions, and the encoder output's
+        keys and values for the encoder-decoder attention, computed once."""
+        batch_size = ops.shape(encoder_output)[0]
+        cache = []
+        for layer in self.backbone.decoder_layers:
+            attention = layer.self_attention
+            heads = attention.num_heads
+            self_cache = (
+                ops.zeros((batch_size, max_length, heads, attention._d_k), self.compute_dtype),
+                ops.zeros((batch_size, max_length, heads, attention._d_v), self.compute_dtype),
+            )
+            cross_cache = layer.cross_attention.project_key_value(encoder_output)
+            cache.append((self_cache, cross_cache))
+        return cache
+
+    def call_decoder_with_cache(self, token_ids, index, cache, encoder_padding_mask):
+        """One decoding step: the logits after `token_ids` at position `index`.
+
+        Args:
+            token_ids: int `(batch, 1)`, the tokens at position `index`.
+            index: the position (scalar).
+            cache: from `initial_cache` or a previous step.
+            encoder_padding_mask: `(batch, source_length)`.
+
+        Returns:
+            `(logits, cache)`: logits `(batch, vocabulary_size)` for position
+            `index + 1`, and the cache with position `index` written.
+        """
+        backbone = self.backbone
+        x = backbone.embed(
+            token_ids, backbone.decoder_position, backbone.decoder_embeddings_dropout, start_index=index
+        )
+        new_cache = []
+        for layer, (self_cache, cross_cache) in zip(backbone.decoder_layers, cache):
+            x, self_cache = layer(
+                x,
+                encoder_padding_mask=encoder_padding_mask,
+                self_attention_cache=self_cache,
+                self_attention_cache_update_index=index,
+                cross_attention_cache=cross_cache,
+            )
+            new_cache.append((self_cache, cross_cache))
+        if backbone.decoder_norm is not None:
+            x = backbone.decoder_norm(x)
+        logits = backbone.token_embedding(x[:, 0, :], reverse=True)
+        return logits, new_cache
+
+    def generate(self, inputs, sampler="greedy", max_length_offset=50, batch_size=32, **kwargs):
+        """Translates sources.
+
+        Args:
+            inputs: a string or a list of strings (needs the preprocessor),
+                or a dict with `encoder_token_ids` and `encoder_padding_mask`.
+            sampler: `"greedy"`.
+            max_length_offset: at most source length + this many output
+                tokens (the paper: 50).
+            batch_size: sources translated together.
+
+        Returns:
+            Strings (for string inputs), or a list of token id lists.
+        """
+        from keras_transformer.decoding.greedy import greedy_search
+
+        if sampler != "greedy":
+            raise ValueError(f"Unknown sampler {sampler!r}; available: 'greedy'.")
+        if kwargs:
+            raise TypeError(f"Unexpected arguments: {sorted(kwargs)}.")
+        single = isinstance(inputs, str)
+        texts = [inputs] if single else inputs
+        if isinstance(texts, dict):
+            ids = keras.ops.convert_to_numpy(texts["encoder_token_ids"])
+            mask = keras.ops.convert_to_numpy(texts["encoder_padding_mask"]).astype(bool)
+            sources = [row[m].tolist() for row, m in zip(ids, mask)]
+        else:
+            sources = self._tokenize_sources(texts)
+        outputs = []
+        for start in range(0, len(sources), batch_size):
+            outputs.extend(
+                greedy_search(self, sources[start : start + batch_size], max_length_offset)
+            )
+        if isinstance(texts, dict):
+            return outputs
+        translations = [self._detokenize(ids) if src else "" for ids, src in zip(outputs, sources)]
+        return translations[0] if single else translations
+
+    def _require_tokenizer(self):
+        if self.preprocessor is None:
+            raise ValueError(
+                "This model has no preprocessor, so it cannot read text: pass "
+                "token ids, or build it with a TransformerSeq2SeqLMPreprocessor."
+            )
+        return self.preprocessor.tokenizer
+
+    def _tokenize_sources(self, texts):
+        """Token ids `<s> ... </s>` of each source; [] for an empty text."""
+        tokenizer = self._require_tokenizer()
+        texts = [t.decode("utf-8") if isinstance(t, bytes) else str(t) for t in texts]
+        start, end = tokenizer.start_token_id, tokenizer.end_token_id
+        limit = self.backbone.max_sequence_length
+        sources = []
+        for text in texts:
+            if not text.strip():
+                sources.append([])
+                continue
+            ids = [start, *np.asarray(tokenizer.tokenize(text)).tolist(), end]
+            if len(ids) > limit:
+                raise ValueError(
+                    f"A source of {len(ids)} tokens is longer than the model's "
+                    f"max_sequence_length={limit}: {text[:60]!r}... Split the text "
+                    "into sentences first."
+                )
+            sources.append(ids)
+        return sources
+
+    def _detokenize(self, ids):
+        tokenizer = self._require_tokenizer()
+        text = tokenizer.detokenize([ids]) if ids else [""]
+        text = text[0] if not isinstance(text, str) else text
+        if hasattr(text, "numpy"):
+            text = text.numpy()
+        return text.decode("utf-8") if isinstance(text, bytes) else str(text)

@@ -1,0 +1,167 @@
+"""The shared subword vocabulary of paper section 5.1.
+
+Source and target text go through one vocabulary, so that one embedding
+matrix can serve both (section 3.4). The paper used byte-pair encoding
+(about 37,000 tokens for English-German); that is the default here, through
+SentencePiece, which keras-hub and tensorflow-text already run inside
+`tf.data` and which detokenizes exactly back to text, as BLEU on raw
+references needs. WordPiece (keras-hub's trainer and tokenizer) is the
+alternative; its detokenization puts spaces around punctuation, so BLEU
+against raw references suffers.
+"""
+
+import io
+
+import keras
+import keras_hub
+
+from keras_transformer.models.transformer.backbone import TransformerBackbone
+
+PAD, UNK, START, END = "<pad>", "<unk>", "<s>", "</s>"
+ALGORITHMS = ("bpe", "unigram", "wordpiece")
+
+
+def _add_special_tokens(tokenizer):
+    tokenizer._add_special_token(PAD, "pad_token")
+    tokenizer._add_special_token(START, "start_token")
+    tokenizer._add_special_token(END, "end_token")
+
+
+@keras.saving.register_keras_serializable(package="keras_transformer")
+class TransformerTokenizer(keras_hub.tokenizers.SentencePieceTokenizer):
+    """A SentencePiece tokenizer with the Transformer's special tokens.
+
+    `<pad>` is id 0, `<unk>` 1, `<s>` (start) 2 and `</s>` (end) 3. Train
+    one with `TransformerTokenizer.train` or `train_tokenizer`, save it with
+    the model's preset, and use it inside `tf.data` on any backend.
+
+    Args:
+        proto: a serialized SentencePiece model (bytes) or the path of a
+            `.spm` file.
+        **kwargs: further `keras_hub.tokenizers.SentencePieceTokenizer`
+            arguments (`sequence_length`...).
+
+    Example:
+
+    >>> tokenizer = TransformerTokenizer.train(
+    ...     ["Ein Mann fährt Fahrrad.", "A man rides a bicycle."] * 50,
+    ...     vocabulary_size=60,
+    ... )
+    >>> ids = tokenizer("Ein Mann fährt.")
+    >>> tokenizer.detokenize(ids)
+    'Ein Mann fährt.'
+    """
+
+    backbone_cls = TransformerBackbone
+
+    def __init__(self, proto=None, **kwargs):
+        _add_special_tokens(self)
+        super().__init__(proto=proto, **kwargs)
+
+    @classmethod
+    def train(cls, texts, vocabulary_size=8000, model_type="bpe", max_sentences=2_000_000, **kwargs):
+        """Trains a SentencePiece vocabulary on `texts`.
+
+        Uses the `sentencepiece` trainer directly rather than keras-hub's
+        `compute_sentence_piece_proto`, which cannot set the special token
+        ids or turn on byte fallback. Byte fallback spells any character the
+        vocabulary lacks as bytes, so that no text becomes `<unk>` and
+        detokenization is exact; the identity normalization keeps the text
+        as written.
+
+        Args:
+            texts: an iterable of strings: source and target sentences
+                together, for the shared vocabulary.
+            vocabulary_size: number of subword tokens.
+            model_type: `"bpe"` (the paper's byte-pair encoding) or
+                `"unigram"`.
+            max_sentences: at most this many sentences are used.
+            **kwargs: passed to the `TransformerTokenizer` constructor.
+        """
+        import sentencepiece
+
+        if model_type not in ("bpe", "unigram"):
+            raise ValueError(f"model_type must be 'bpe' or 'unigram', got {model_type!r}.")
+        texts = [t for t in texts if t and t.strip()]
+        if not texts:
+            raise ValueError("Cannot train a tokenizer on no text: `texts` holds no non-empty string.")
+        model = io.BytesIO()
+        sentencepiece.SentencePieceTrainer.train(
+            sentence_iterator=iter(texts),
+            model_writer=model,
+            vocab_size=vocabulary_size,
+            model_type=model_type,
+            pad_id=0,
+            unk_id=1,
+            bos_id=2,
+            eos_id=3,
+            pad_piece=PAD,
+            unk_piece=UNK,
+            bos_piece=START,
+            eos_piece=END,
+            character_coverage=1.0,
+            byte_fallback=True,
+            normalization_rule_name="identity",
+            input_sentence_size=max_sentences,
+            shuffle_input_sentence=True,
+            num_threads=2,
+            minloglevel=2,
+        )
+        return cls(proto=model.getvalue(), **kwargs)
+
+
+@keras.saving.register_keras_serializable(package="keras_transformer")
+class TransformerWordPieceTokenizer(keras_hub.tokenizers.WordPieceTokenizer):
+    """A WordPiece tokenizer with the Transformer's special tokens.
+
+    The alternative to the default SentencePiece BPE. Its detokenization
+    joins word pieces with spaces (`"A man , riding ."`), so it is not exact.
+
+    Args:
+        vocabulary: a list of tokens or the path of a vocabulary file, with
+            `<pad>`, `<unk>`, `<s>` and `</s>` first.
+        **kwargs: further `keras_hub.tokenizers.WordPieceTokenizer`
+            arguments.
+    """
+
+    backbone_cls = TransformerBackbone
+
+    def __init__(self, vocabulary=None, **kwargs):
+        _add_special_tokens(self)
+        kwargs.setdefault("oov_token", UNK)
+        super().__init__(vocabulary=vocabulary, **kwargs)
+
+    @classmethod
+    def train(cls, texts, vocabulary_size=8000, **kwargs):
+        """Trains a WordPiece vocabulary with keras-hub's trainer."""
+        texts = [t for t in texts if t and t.strip()]
+        if not texts:
+            raise ValueError("Cannot train a tokenizer on no text: `texts` holds no non-empty string.")
+        import tensorflow as tf
+
+        # A list would be read as file names; a dataset is read as text.
+        data = tf.data.Dataset.from_tensor_slices(texts).batch(1024)
+        vocabulary = keras_hub.tokenizers.compute_word_piece_vocabulary(
+            data, vocabulary_size, reserved_tokens=[PAD, UNK, START, END]
+        )
+        return cls(vocabulary=vocabulary, **kwargs)
+
+
+def train_tokenizer(texts, vocabulary_size=8000, algorithm="bpe", **kwargs):
+    """Trains the shared source/target vocabulary (section 5.1).
+
+    Args:
+        texts: source and target sentences together.
+        vocabulary_size: number of subword tokens.
+        algorithm: `"bpe"` (default, the paper's; SentencePiece),
+            `"unigram"` (SentencePiece) or `"wordpiece"` (keras-hub).
+        **kwargs: passed to the tokenizer constructor.
+
+    Returns:
+        A `TransformerTokenizer`, or a `TransformerWordPieceTokenizer`.
+    """
+    if algorithm not in ALGORITHMS:
+        raise ValueError(f"Unknown algorithm {algorithm!r}; expected one of {ALGORITHMS}.")
+    if algorithm == "wordpiece":
+        return TransformerWordPieceTokenizer.train(texts, vocabulary_size, **kwargs)
+    return TransformerTokenizer.train(texts, vocabulary_size, model_type=algorithm, **kwargs)
