@@ -11,3 +11,41 @@ import pytest  # noqa: E402
 def _seed():
     keras.utils.set_random_seed(1234)
     np.random.seed(1234)
+
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@pytest.fixture(scope="session")
+def multi30k_dir():
+    """The local Multi30k copy: $KERAS_TRANSFORMER_MULTI30K, else
+    ../shared/data/multi30k beside the repository."""
+    path = os.environ.get("KERAS_TRANSFORMER_MULTI30K") or os.path.join(
+        ROOT, "..", "shared", "data", "multi30k"
+    )
+    if not os.path.exists(os.path.join(path, "train.en.gz")):
+        pytest.fail(
+            f"Multi30k not found at {path}: set KERAS_TRANSFORMER_MULTI30K to a "
+            "directory holding the raw task 1 files (train.en.gz, ...)."
+        )
+    return path
+
+
+@pytest.fixture(scope="session")
+def multi30k_train(multi30k_dir):
+    from keras_transformer.datasets import multi30k
+
+    return multi30k.load("train", "en", "de", data_dir=multi30k_dir)
+
+
+@pytest.fixture
+def small_tokenizer(multi30k_train):
+    """A 1,000-token BPE vocabulary from 4,000 training pairs.
+
+    Made anew for each test, after the seeding fixture: TensorFlow's
+    set_seed clears the kernel cache that holds tensorflow-text's
+    SentencePiece resource."""
+    from keras_transformer.models import TransformerTokenizer
+
+    sources, targets = multi30k_train
+    return TransformerTokenizer.train(sources[:4000] + targets[:4000], vocabulary_size=1000)

@@ -1,5 +1,6 @@
 """Model families. Today: the encoder-decoder Transformer of the paper."""
 
+from keras_transformer.models.transformer import CONFIGS
 from keras_transformer.models.transformer import PAPER_CONFIGS
 from keras_transformer.models.transformer import PAPER_TABLE3
 from keras_transformer.models.transformer import PAPER_VOCABULARY_SIZE
@@ -11,6 +12,7 @@ from keras_transformer.models.transformer import TransformerWordPieceTokenizer
 from keras_transformer.models.transformer import train_tokenizer
 
 __all__ = [
+    "CONFIGS",
     "PAPER_CONFIGS",
     "PAPER_TABLE3",
     "PAPER_VOCABULARY_SIZE",

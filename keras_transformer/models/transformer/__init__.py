@@ -1,4 +1,5 @@
 from keras_transformer.models.transformer.backbone import TransformerBackbone
+from keras_transformer.models.transformer.presets import CONFIGS
 from keras_transformer.models.transformer.presets import PAPER_CONFIGS
 from keras_transformer.models.transformer.presets import PAPER_TABLE3
 from keras_transformer.models.transformer.presets import PAPER_VOCABULARY_SIZE

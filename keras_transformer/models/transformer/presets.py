@@ -81,3 +81,12 @@ for _name, _row_info in PAPER_TABLE3.items():
 
 # The shared BPE vocabulary of the paper's English-German models (section 5.1).
 PAPER_VOCABULARY_SIZE = 37000
+
+# Sizes for small corpora and small machines, beside the paper's rows:
+# `small` is a 3+3-layer, d_model 256 model that trains on Multi30k on a
+# CPU; `tiny` is for tests and smoke runs.
+CONFIGS = {
+    **PAPER_CONFIGS,
+    "small": dict(num_layers=3, d_model=256, d_ff=1024, num_heads=4, dropout=0.1),
+    "tiny": dict(num_layers=2, d_model=64, d_ff=128, num_heads=4, dropout=0.1),
+}

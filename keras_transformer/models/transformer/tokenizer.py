@@ -35,6 +35,11 @@ class TransformerTokenizer(keras_hub.tokenizers.SentencePieceTokenizer):
     one with `TransformerTokenizer.train` or `train_tokenizer`, save it with
     the model's preset, and use it inside `tf.data` on any backend.
 
+    Note: create tokenizers after `keras.utils.set_random_seed` (or
+    `tf.random.set_seed`), not before: setting TensorFlow's seed clears the
+    kernel cache that holds tensorflow-text's SentencePiece resource, and a
+    tokenizer made earlier then fails inside `tf.data`.
+
     Args:
         proto: a serialized SentencePiece model (bytes) or the path of a
             `.spm` file.
@@ -45,7 +50,7 @@ class TransformerTokenizer(keras_hub.tokenizers.SentencePieceTokenizer):
 
     >>> tokenizer = TransformerTokenizer.train(
     ...     ["Ein Mann fährt Fahrrad.", "A man rides a bicycle."] * 50,
-    ...     vocabulary_size=60,
+    ...     vocabulary_size=300,
     ... )
     >>> ids = tokenizer("Ein Mann fährt.")
     >>> tokenizer.detokenize(ids)
@@ -65,9 +70,10 @@ class TransformerTokenizer(keras_hub.tokenizers.SentencePieceTokenizer):
         Uses the `sentencepiece` trainer directly rather than keras-hub's
         `compute_sentence_piece_proto`, which cannot set the special token
         ids or turn on byte fallback. Byte fallback spells any character the
-        vocabulary lacks as bytes, so that no text becomes `<unk>` and
-        detokenization is exact; the identity normalization keeps the text
-        as written.
+        vocabulary lacks as bytes, so that no text becomes `<unk>`; the
+        identity normalization keeps the text as written. Detokenization
+        gives back the text exactly, except that runs of whitespace become
+        one space and leading and trailing whitespace goes.
 
         Args:
             texts: an iterable of strings: source and target sentences
@@ -86,7 +92,21 @@ class TransformerTokenizer(keras_hub.tokenizers.SentencePieceTokenizer):
         if not texts:
             raise ValueError("Cannot train a tokenizer on no text: `texts` holds no non-empty string.")
         model = io.BytesIO()
-        sentencepiece.SentencePieceTrainer.train(
+        try:
+            _train_sentencepiece(sentencepiece, texts, model, vocabulary_size, model_type, max_sentences)
+        except RuntimeError as error:
+            if "Vocabulary size is smaller than required_chars" in str(error):
+                raise ValueError(
+                    f"vocabulary_size={vocabulary_size} is too small: the 256 byte "
+                    "tokens, the 4 special tokens and every character of the "
+                    "text need a place. Use a larger vocabulary_size."
+                ) from error
+            raise
+        return cls(proto=model.getvalue(), **kwargs)
+
+
+def _train_sentencepiece(sentencepiece, texts, model, vocabulary_size, model_type, max_sentences):
+    sentencepiece.SentencePieceTrainer.train(
             sentence_iterator=iter(texts),
             model_writer=model,
             vocab_size=vocabulary_size,
@@ -105,9 +125,10 @@ class TransformerTokenizer(keras_hub.tokenizers.SentencePieceTokenizer):
             input_sentence_size=max_sentences,
             shuffle_input_sentence=True,
             num_threads=2,
+            # A small corpus may not fill the vocabulary; use what it gives.
+            hard_vocab_limit=False,
             minloglevel=2,
         )
-        return cls(proto=model.getvalue(), **kwargs)
 
 
 @keras.saving.register_keras_serializable(package="keras_transformer")

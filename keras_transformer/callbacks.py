@@ -1,0 +1,156 @@
+"""Training callbacks: checkpoint averaging (paper section 6.1) and BLEU on a
+validation set.
+
+"For the base models, we used a single model obtained by averaging the last 5
+checkpoints, which were written at 10-minute intervals."
+
+`KeepLastCheckpoints` writes the model's weights every `save_every` steps (or
+every epoch) and keeps the newest `keep`; `average_checkpoints` loads them
+into one model whose weights are their mean.
+"""
+
+import glob
+import os
+import re
+
+import keras
+import numpy as np
+
+_PATTERN = "step-{step:09d}.weights.h5"
+_STEP = re.compile(r"step-(\d+)\.weights\.h5$")
+
+
+def list_checkpoints(directory):
+    """The checkpoint files in `directory`, oldest first."""
+    paths = glob.glob(os.path.join(directory, "step-*.weights.h5"))
+    return sorted(paths, key=lambda p: int(_STEP.search(p).group(1)))
+
+
+class KeepLastCheckpoints(keras.callbacks.Callback):
+    """Saves the weights regularly and keeps the last `keep` files.
+
+    Args:
+        directory: where the `step-NNNNNNNNN.weights.h5` files go.
+        keep: how many of the newest checkpoints to keep (the paper
+            averages 5).
+        save_every: save every this many training steps; None saves at the
+            end of every epoch.
+
+    Example:
+
+    ```python
+    model.fit(data, epochs=20, callbacks=[KeepLastCheckpoints("ckpt", keep=5)])
+    average_checkpoints(model, list_checkpoints("ckpt"))
+    ```
+    """
+
+    def __init__(self, directory, keep=5, save_every=None):
+        super().__init__()
+        if keep < 1:
+            raise ValueError(f"keep must be at least 1, got {keep}.")
+        self.directory = directory
+        self.keep = int(keep)
+        self.save_every = save_every
+
+    def _step(self):
+        return int(keras.ops.convert_to_numpy(self.model.optimizer.iterations))
+
+    def _save(self):
+        os.makedirs(self.directory, exist_ok=True)
+        step = self._step()
+        path = os.path.join(self.directory, _PATTERN.format(step=step))
+        # Write to a temporary name first: a kill mid-write leaves no
+        # truncated checkpoint under a real name.
+        partial = path + ".partial.weights.h5"
+        self.model.save_weights(partial, overwrite=True)
+        os.replace(partial, path)
+        for old in list_checkpoints(self.directory)[: -self.keep]:
+            os.remove(old)
+
+    def on_train_batch_end(self, batch, logs=None):
+        if self.save_every and self._step() % self.save_every == 0:
+            self._save()
+
+    def on_epoch_end(self, epoch, logs=None):
+        if not self.save_every:
+            self._save()
+
+
+class BleuEvaluation(keras.callbacks.Callback):
+    """Translates validation sentences at the end of each epoch and logs
+    sacreBLEU as `val_bleu` and `val_bleu_lowercase` (so that TensorBoard,
+    the progress bar and `History` show them).
+
+    Place it before the callbacks that read the logs (TensorBoard,
+    CSVLogger).
+
+    Args:
+        sources: validation source sentences.
+        references: their reference translations.
+        every: evaluate every this many epochs.
+        batch_size: sentences translated together.
+        **generate_kwargs: passed to `model.generate`.
+    """
+
+    def __init__(self, sources, references, every=1, batch_size=64, **generate_kwargs):
+        super().__init__()
+        self.sources, self.references = list(sources), list(references)
+        self.every = int(every)
+        self.batch_size = batch_size
+        self.generate_kwargs = generate_kwargs
+
+    def on_epoch_end(self, epoch, logs=None):
+        if (epoch + 1) % self.every:
+            return
+        from keras_transformer.metrics import evaluate_translation
+
+        scores = evaluate_translation(
+            self.model, self.sources, self.references, batch_size=self.batch_size,
+            verbose=0, **self.generate_kwargs,
+        )
+        if logs is not None:
+            logs["val_bleu"] = scores["bleu"]
+            logs["val_bleu_lowercase"] = scores["bleu_lowercase"]
+        print(f"\nEpoch {epoch + 1}: val BLEU {scores['bleu']:.2f} (lowercased {scores['bleu_lowercase']:.2f})")
+
+
+def average_checkpoints(model, paths):
+    """Sets `model`'s weights to the mean of the checkpoints in `paths`.
+
+    Floating-point variables are averaged; others (random seed states,
+    counters) are taken from the last checkpoint.
+
+    Args:
+        model: a built model whose weights the checkpoints hold.
+        paths: `.weights.h5` files, such as `list_checkpoints(directory)`.
+
+    Returns:
+        `model`, with the averaged weights.
+    """
+    paths = list(paths)
+    if not paths:
+        raise ValueError("No checkpoints to average.")
+    missing = [p for p in paths if not os.path.exists(p)]
+    if missing:
+        raise FileNotFoundError(f"Checkpoints not found: {missing}")
+    sums = None
+    for path in paths:
+        model.load_weights(path)
+        weights = model.get_weights()
+        if sums is None:
+            sums = [np.array(w, dtype="float64") if _is_float(w) else None for w in weights]
+        else:
+            for total, w in zip(sums, weights):
+                if total is not None:
+                    total += w
+    # `weights` now holds the last checkpoint.
+    averaged = [
+        (total / len(paths)).astype(w.dtype) if total is not None else w
+        for total, w in zip(sums, weights)
+    ]
+    model.set_weights(averaged)
+    return model
+
+
+def _is_float(array):
+    return np.issubdtype(np.asarray(array).dtype, np.floating)

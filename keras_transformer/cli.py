@@ -1,0 +1,140 @@
+"""The `keras-transformer` command line.
+
+    keras-transformer train --source en --target de --output-dir runs/en-de
+    keras-transformer evaluate runs/en-de/model --split test_2016_flickr
+
+Run `keras-transformer COMMAND --help` for the options of each command.
+"""
+
+import argparse
+import json
+import os
+import sys
+
+
+def _add_train(subparsers):
+    p = subparsers.add_parser("train", help="Train on Multi30k with the paper's recipe.")
+    p.add_argument("--source", default="en", help="source language (default: en)")
+    p.add_argument("--target", default="de", help="target language (default: de)")
+    p.add_argument("--data-dir", help="local Multi30k directory (default: $KERAS_TRANSFORMER_MULTI30K or download)")
+    p.add_argument("--output-dir", required=True, help="the run's directory; rerun to resume")
+    p.add_argument("--config", default="small", help="model size: small, tiny, base, big or a Table 3 row")
+    p.add_argument("--num-layers", type=int, help="override N")
+    p.add_argument("--d-model", type=int, help="override d_model")
+    p.add_argument("--d-ff", type=int, help="override d_ff")
+    p.add_argument("--num-heads", type=int, help="override h")
+    p.add_argument("--dropout", type=float, help="override P_drop")
+    p.add_argument("--vocabulary-size", type=int, default=8000)
+    p.add_argument("--tokenizer", default="bpe", choices=["bpe", "unigram"])
+    p.add_argument("--max-tokens", type=int, default=4096, help="token budget per batch")
+    p.add_argument("--pad-to-multiple-of", type=int, default=1,
+                   help="round batch lengths up (fewer shapes for JAX to compile)")
+    p.add_argument("--epochs", type=int, default=20)
+    p.add_argument("--steps", type=int, help="train this many steps instead of --epochs")
+    p.add_argument("--warmup-steps", type=int, default=4000)
+    p.add_argument("--learning-rate-scale", type=float, default=1.0)
+    p.add_argument("--label-smoothing", type=float, default=0.1)
+    p.add_argument("--keep-checkpoints", type=int, default=5, help="checkpoints averaged at the end")
+    p.add_argument("--bleu-sentences", type=int, default=200, help="val sentences for BLEU each epoch")
+    p.add_argument("--limit", type=int, help="use only the first N training pairs")
+    p.add_argument("--seed", type=int, default=0)
+
+
+def _add_evaluate(subparsers):
+    p = subparsers.add_parser("evaluate", help="Translate a Multi30k split and report sacreBLEU.")
+    p.add_argument("model", help="a preset directory (such as RUN/model) or preset name")
+    p.add_argument("--split", default="test_2016_flickr")
+    p.add_argument("--source", help="source language (default: the model's)")
+    p.add_argument("--target", help="target language (default: the model's)")
+    p.add_argument("--data-dir")
+    p.add_argument("--batch-size", type=int, default=64)
+    p.add_argument("--limit", type=int, help="translate only the first N sentences")
+    p.add_argument("--output", help="write the translations to this file")
+
+
+def _train(args):
+    from keras_transformer.training import train_multi30k
+
+    overrides = {
+        key: value
+        for key, value in {
+            "num_layers": args.num_layers,
+            "d_model": args.d_model,
+            "d_ff": args.d_ff,
+            "num_heads": args.num_heads,
+            "dropout": args.dropout,
+        }.items()
+        if value is not None
+    }
+    train_multi30k(
+        args.output_dir,
+        source=args.source,
+        target=args.target,
+        data_dir=args.data_dir,
+        config=args.config,
+        vocabulary_size=args.vocabulary_size,
+        tokenizer_algorithm=args.tokenizer,
+        max_tokens=args.max_tokens,
+        pad_to_multiple_of=args.pad_to_multiple_of,
+        epochs=args.epochs,
+        steps=args.steps,
+        warmup_steps=args.warmup_steps,
+        learning_rate_scale=args.learning_rate_scale,
+        label_smoothing=args.label_smoothing,
+        keep_checkpoints=args.keep_checkpoints,
+        bleu_sentences=args.bleu_sentences,
+        limit=args.limit,
+        seed=args.seed,
+        **overrides,
+    )
+    print(f"Saved the averaged model to {os.path.join(args.output_dir, 'model')}")
+
+
+def _languages(model_path, args):
+    run_info = os.path.join(os.path.dirname(os.path.abspath(model_path)), "run.json")
+    source, target = args.source, args.target
+    if (source is None or target is None) and os.path.exists(run_info):
+        with open(run_info) as f:
+            data = json.load(f)["data"]
+        pair = data.rsplit(" ", 1)[-1].split("-")
+        source, target = source or pair[0], target or pair[1]
+    if source is None or target is None:
+        raise SystemExit("error: give --source and --target for this model")
+    return source, target
+
+
+def _evaluate(args):
+    from keras_transformer.datasets import multi30k
+    from keras_transformer.metrics import evaluate_translation
+    from keras_transformer.models import TransformerSeq2SeqLM
+
+    source, target = _languages(args.model, args)
+    sources, references = multi30k.load(args.split, source, target, args.data_dir)
+    if args.limit:
+        sources, references = sources[: args.limit], references[: args.limit]
+    model = TransformerSeq2SeqLM.from_preset(args.model)
+    scores = evaluate_translation(model, sources, references, batch_size=args.batch_size)
+    if args.output:
+        with open(args.output, "w", encoding="utf-8") as f:
+            f.write("\n".join(scores["translations"]) + "\n")
+    print(f"{args.split} {source}-{target}, {len(sources)} sentences, greedy")
+    print(f"BLEU {scores['bleu']:.2f}  {scores['bleu_signature']}")
+    print(f"BLEU (lowercased) {scores['bleu_lowercase']:.2f}  {scores['bleu_lowercase_signature']}")
+    print(f"chrF {scores['chrf']:.2f}  {scores['chrf_signature']}")
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(
+        prog="keras-transformer",
+        description="The Transformer of 'Attention Is All You Need' on Keras 3.",
+    )
+    subparsers = parser.add_subparsers(dest="command", required=True)
+    _add_train(subparsers)
+    _add_evaluate(subparsers)
+    args = parser.parse_args(argv)
+    {"train": _train, "evaluate": _evaluate}[args.command](args)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,187 @@
+"""Training a translation model on Multi30k with the paper's recipe
+(section 5), resumable after a kill, ending in an averaged model (6.1).
+
+`keras-transformer train` is a thin command line around `train_multi30k`;
+`examples/train_multi30k.py` spells out the same steps.
+"""
+
+import json
+import math
+import os
+
+import keras
+
+from keras_transformer.callbacks import BleuEvaluation
+from keras_transformer.callbacks import KeepLastCheckpoints
+from keras_transformer.callbacks import average_checkpoints
+from keras_transformer.callbacks import list_checkpoints
+from keras_transformer.data import token_budget_batches
+from keras_transformer.datasets import multi30k
+from keras_transformer.models import CONFIGS
+from keras_transformer.models import TransformerBackbone
+from keras_transformer.models import TransformerSeq2SeqLM
+from keras_transformer.models import TransformerSeq2SeqLMPreprocessor
+from keras_transformer.models import TransformerTokenizer
+from keras_transformer.models import train_tokenizer
+from keras_transformer.schedules import paper_optimizer
+
+TOKENIZER_FILE = "tokenizer.spm"
+
+
+def _tokenizer(output_dir, texts, vocabulary_size, algorithm):
+    """Loads the run's tokenizer, or trains and saves it on the first start,
+    so that a resumed run keeps the same vocabulary."""
+    path = os.path.join(output_dir, TOKENIZER_FILE)
+    if os.path.exists(path):
+        return TransformerTokenizer(proto=path)
+    if algorithm == "wordpiece":
+        raise ValueError("train_multi30k supports the SentencePiece algorithms 'bpe' and 'unigram'.")
+    tokenizer = train_tokenizer(texts, vocabulary_size, algorithm)
+    with open(path + ".partial", "wb") as f:
+        f.write(tokenizer.proto)
+    os.replace(path + ".partial", path)
+    return tokenizer
+
+
+def train_multi30k(
+    output_dir,
+    source="en",
+    target="de",
+    data_dir=None,
+    config="small",
+    vocabulary_size=8000,
+    tokenizer_algorithm="bpe",
+    max_tokens=4096,
+    pad_to_multiple_of=1,
+    epochs=20,
+    steps=None,
+    warmup_steps=4000,
+    learning_rate_scale=1.0,
+    label_smoothing=0.1,
+    max_sequence_length=256,
+    keep_checkpoints=5,
+    bleu_sentences=200,
+    limit=None,
+    seed=0,
+    verbose="auto",
+    extra_callbacks=(),
+    **config_overrides,
+):
+    """Trains a `TransformerSeq2SeqLM` on Multi30k and saves it as a preset.
+
+    The run lives in `output_dir`: the tokenizer, TensorBoard logs in
+    `logs/`, the state for resuming in `backup/`, the last
+    `keep_checkpoints` checkpoints in `checkpoints/`, and at the end the
+    model with averaged weights as a keras-hub preset in `model/`. Calling
+    it again with the same `output_dir` after a kill resumes from the last
+    finished epoch.
+
+    Args:
+        output_dir: the run's directory.
+        source: source language.
+        target: target language.
+        data_dir: local Multi30k directory (see `datasets.multi30k`).
+        config: a name from `keras_transformer.models.CONFIGS`.
+        vocabulary_size: size of the shared subword vocabulary.
+        tokenizer_algorithm: `"bpe"` or `"unigram"`.
+        max_tokens: token budget per batch (source and target each).
+        pad_to_multiple_of: round batch lengths up to a multiple of this;
+            larger values mean fewer distinct shapes to compile (JAX) at the
+            cost of more padding.
+        epochs: passes over the training data.
+        steps: if given, train this many steps instead of `epochs` passes.
+        warmup_steps: warm-up steps of the learning-rate schedule.
+        learning_rate_scale: factor on the schedule.
+        label_smoothing: eps_ls.
+        max_sequence_length: the model's longest sequence; longer training
+            pairs are dropped.
+        keep_checkpoints: checkpoints kept and averaged at the end (1: no
+            averaging).
+        bleu_sentences: validation sentences translated for BLEU after each
+            epoch (0: none).
+        limit: use only the first `limit` training pairs.
+        seed: random seed.
+        verbose: Keras `fit` verbosity.
+        extra_callbacks: more Keras callbacks.
+        **config_overrides: backbone arguments that replace the config's.
+
+    Returns:
+        `(model, history)`.
+    """
+    if config not in CONFIGS:
+        raise ValueError(f"Unknown config {config!r}; choose one of {sorted(CONFIGS)}.")
+    os.makedirs(output_dir, exist_ok=True)
+    keras.utils.set_random_seed(seed)
+    sources, targets = multi30k.load("train", source, target, data_dir)
+    if limit:
+        sources, targets = sources[:limit], targets[:limit]
+    val_sources, val_targets = multi30k.load("val", source, target, data_dir)
+
+    tokenizer = _tokenizer(output_dir, sources + targets, vocabulary_size, tokenizer_algorithm)
+    backbone_config = {**CONFIGS[config], **config_overrides, "max_sequence_length": max_sequence_length}
+    backbone = TransformerBackbone(vocabulary_size=tokenizer.vocabulary_size(), **backbone_config)
+    preprocessor = TransformerSeq2SeqLMPreprocessor(
+        tokenizer, encoder_sequence_length=max_sequence_length, decoder_sequence_length=max_sequence_length
+    )
+    model = TransformerSeq2SeqLM(backbone, preprocessor)
+    model.compile(
+        optimizer=paper_optimizer(backbone.d_model, warmup_steps, learning_rate_scale),
+        label_smoothing=label_smoothing,
+    )
+
+    train_batches = token_budget_batches(
+        sources, targets, tokenizer, max_tokens=max_tokens, max_length=max_sequence_length,
+        pad_to_multiple_of=pad_to_multiple_of, seed=seed,
+    )
+    val_batches = token_budget_batches(
+        val_sources, val_targets, tokenizer, max_tokens=max_tokens, max_length=max_sequence_length,
+        pad_to_multiple_of=pad_to_multiple_of, shuffle=False,
+    )
+    steps_per_epoch = len(train_batches)
+    if steps:
+        steps_per_epoch = min(steps_per_epoch, steps)
+        epochs = math.ceil(steps / steps_per_epoch)
+    run_info = {
+        "data": f"Multi30k task 1 train, {source}-{target}",
+        "config": config,
+        "backbone": backbone_config,
+        "vocabulary_size": tokenizer.vocabulary_size(),
+        "tokenizer_algorithm": tokenizer_algorithm,
+        "max_tokens": max_tokens,
+        "pad_to_multiple_of": pad_to_multiple_of,
+        "epochs": epochs,
+        "steps_per_epoch": steps_per_epoch,
+        "warmup_steps": warmup_steps,
+        "learning_rate_scale": learning_rate_scale,
+        "label_smoothing": label_smoothing,
+        "keep_checkpoints": keep_checkpoints,
+        "limit": limit,
+        "seed": seed,
+        "padding_fraction": round(train_batches.padding_fraction(), 4),
+        "backend": keras.config.backend(),
+    }
+    with open(os.path.join(output_dir, "run.json"), "w") as f:
+        json.dump(run_info, f, indent=2)
+
+    callbacks = [keras.callbacks.BackupAndRestore(os.path.join(output_dir, "backup"))]
+    callbacks.append(KeepLastCheckpoints(os.path.join(output_dir, "checkpoints"), keep=keep_checkpoints))
+    if bleu_sentences:
+        callbacks.append(BleuEvaluation(val_sources[:bleu_sentences], val_targets[:bleu_sentences]))
+    callbacks += [
+        keras.callbacks.TensorBoard(os.path.join(output_dir, "logs")),
+        keras.callbacks.CSVLogger(os.path.join(output_dir, "history.csv"), append=True),
+        *extra_callbacks,
+    ]
+    history = model.fit(
+        train_batches.dataset(repeat=True),
+        validation_data=val_batches.dataset(),
+        epochs=epochs,
+        steps_per_epoch=steps_per_epoch,
+        callbacks=callbacks,
+        verbose=verbose,
+    )
+    checkpoints = list_checkpoints(os.path.join(output_dir, "checkpoints"))
+    if len(checkpoints) > 1:
+        average_checkpoints(model, checkpoints)
+    model.save_to_preset(os.path.join(output_dir, "model"))
+    return model, history

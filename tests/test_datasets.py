@@ -1,0 +1,47 @@
+"""The Multi30k loader (local copy only: tests never download)."""
+
+import os
+import shutil
+
+import pytest
+
+from keras_transformer.datasets import multi30k
+
+
+def test_loads_aligned_pairs(multi30k_dir):
+    sources, targets = multi30k.load("val", "en", "de", data_dir=multi30k_dir)
+    assert len(sources) == len(targets) == 1014
+    assert sources[0].startswith("A group of men")
+    assert all(isinstance(s, str) and s for s in sources + targets)
+    assert not any(s.endswith("\n") for s in sources)
+
+
+@pytest.mark.parametrize("split,count", [("train", 29000), ("test_2016_flickr", 1000), ("test_2017_mscoco", 461)])
+def test_split_sizes(multi30k_dir, split, count):
+    sources, targets = multi30k.load(split, "en", "fr", data_dir=multi30k_dir)
+    assert len(sources) == len(targets) == count
+
+
+def test_environment_variable(multi30k_dir, monkeypatch):
+    monkeypatch.setenv(multi30k.ENV_VAR, multi30k_dir)
+    assert len(multi30k.load("val", "de", "en")[0]) == 1014
+
+
+def test_unknown_split_and_language_list_the_valid_ones(multi30k_dir):
+    with pytest.raises(ValueError, match="valid splits.*test_2016_flickr"):
+        multi30k.load("test", "en", "de", data_dir=multi30k_dir)
+    with pytest.raises(ValueError, match=r"has no language 'cs'.*\['en', 'de', 'fr'\]"):
+        multi30k.load("test_2017_flickr", "en", "cs", data_dir=multi30k_dir)
+    with pytest.raises(ValueError, match="two languages"):
+        multi30k.load("val", "en", "en", data_dir=multi30k_dir)
+
+
+def test_missing_file_is_named(tmp_path, multi30k_dir):
+    shutil.copy(os.path.join(multi30k_dir, "val.en.gz"), tmp_path)
+    with pytest.raises(FileNotFoundError, match="val.de.gz"):
+        multi30k.load("val", "en", "de", data_dir=str(tmp_path))
+
+
+def test_checksums_match_the_local_copy(multi30k_dir):
+    for name, digest in multi30k.SHA256.items():
+        assert multi30k._sha256(os.path.join(multi30k_dir, name)) == digest, name

@@ -1,0 +1,73 @@
+"""The shared subword vocabulary (section 5.1)."""
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from keras_transformer.models import TransformerTokenizer
+from keras_transformer.models import TransformerWordPieceTokenizer
+from keras_transformer.models import train_tokenizer
+from keras_transformer.datasets import multi30k
+
+
+def _text(value):
+    if hasattr(value, "numpy"):
+        value = value.numpy()
+    return value.decode("utf-8") if isinstance(value, bytes) else value
+
+
+def test_round_trip_is_exact_on_german_test_sentences(small_tokenizer, multi30k_dir):
+    _, german = multi30k.load("test_2016_flickr", "en", "de", data_dir=multi30k_dir)
+    tricky = [s for s in german if any(c in s for c in "äöüÄÖÜß") and any(c in s for c in ",.!?\"'-")]
+    assert len(tricky) > 50
+    for sentence in tricky[:200] + ["Größe: 12½ cm — «Straße»!", "Emoji 🚲 und 漢字."]:
+        ids = small_tokenizer.tokenize(sentence)
+        assert _text(small_tokenizer.detokenize(ids)) == sentence
+        assert 1 not in np.asarray(ids).tolist(), f"<unk> in {sentence!r}"
+
+
+def test_whitespace_runs_are_collapsed(small_tokenizer):
+    # The one documented normalization: runs of spaces become one space.
+    assert _text(small_tokenizer.detokenize(small_tokenizer.tokenize("  two  spaces "))) == "two spaces"
+
+
+def test_special_tokens(small_tokenizer):
+    assert (small_tokenizer.pad_token_id, small_tokenizer.start_token_id, small_tokenizer.end_token_id) == (0, 2, 3)
+    assert small_tokenizer.id_to_token(1) == "<unk>"
+    assert small_tokenizer.vocabulary_size() == 1000
+
+
+def test_runs_inside_tf_data(small_tokenizer):
+    sentences = ["Ein Mann fährt Fahrrad.", "Zwei Hunde spielen im Schnee."]
+    dataset = tf.data.Dataset.from_tensor_slices(sentences).map(small_tokenizer)
+    in_graph = [t.numpy().tolist() for t in dataset]
+    eager = [np.asarray(small_tokenizer.tokenize(s)).tolist() for s in sentences]
+    assert in_graph == eager
+    detokenized = tf.data.Dataset.from_tensor_slices(tf.ragged.constant(in_graph)).map(small_tokenizer.detokenize)
+    assert [_text(t) for t in detokenized] == sentences
+
+
+def test_assets_round_trip(small_tokenizer, tmp_path):
+    small_tokenizer.save_assets(str(tmp_path))
+    restored = TransformerTokenizer.from_config(small_tokenizer.get_config())
+    restored.load_assets(str(tmp_path))
+    sentence = "Ein kleines Mädchen klettert in ein Spielhaus aus Holz."
+    assert np.asarray(restored.tokenize(sentence)).tolist() == np.asarray(small_tokenizer.tokenize(sentence)).tolist()
+
+
+def test_wordpiece_alternative(multi30k_train):
+    sources, targets = multi30k_train
+    tokenizer = train_tokenizer(sources[:1000] + targets[:1000], 800, algorithm="wordpiece")
+    assert isinstance(tokenizer, TransformerWordPieceTokenizer)
+    assert (tokenizer.pad_token_id, tokenizer.start_token_id, tokenizer.end_token_id) == (0, 2, 3)
+    # WordPiece splits punctuation off: not exact, as documented.
+    assert _text(tokenizer.detokenize(tokenizer.tokenize("Ein Hund, der läuft."))) == "Ein Hund , der läuft ."
+
+
+def test_bad_training_input():
+    with pytest.raises(ValueError, match="no non-empty string"):
+        TransformerTokenizer.train(["", "  "], vocabulary_size=300)
+    with pytest.raises(ValueError, match="too small"):
+        TransformerTokenizer.train(["Ein Mann fährt Fahrrad."] * 10, vocabulary_size=50)
+    with pytest.raises(ValueError, match="Unknown algorithm"):
+        train_tokenizer(["text"], 300, algorithm="char")
