@@ -62,6 +62,7 @@ def train_multi30k(
     keep_checkpoints=5,
     bleu_sentences=200,
     limit=None,
+    validation_limit=None,
     seed=0,
     verbose="auto",
     extra_callbacks=(),
@@ -100,6 +101,8 @@ def train_multi30k(
         bleu_sentences: validation sentences translated for BLEU after each
             epoch (0: none).
         limit: use only the first `limit` training pairs.
+        validation_limit: use only the first `validation_limit` validation
+            pairs for the validation loss.
         seed: random seed.
         verbose: Keras `fit` verbosity.
         extra_callbacks: more Keras callbacks.
@@ -116,6 +119,8 @@ def train_multi30k(
     if limit:
         sources, targets = sources[:limit], targets[:limit]
     val_sources, val_targets = multi30k.load("val", source, target, data_dir)
+    if validation_limit:
+        val_sources, val_targets = val_sources[:validation_limit], val_targets[:validation_limit]
 
     tokenizer = _tokenizer(output_dir, sources + targets, vocabulary_size, tokenizer_algorithm)
     backbone_config = {**CONFIGS[config], **config_overrides, "max_sequence_length": max_sequence_length}

@@ -142,11 +142,14 @@ class TokenBudgetBatches:
         source_length, target_length = self._padded_lengths(batch)
         size = len(batch)
         encoder = np.full((size, source_length), self.pad_id, "int32")
-        decoder = np.full((size, target_length + 1), self.pad_id, "int32")
+        decoder_inputs = np.full((size, target_length), self.pad_id, "int32")
+        labels = np.full((size, target_length), self.pad_id, "int32")
         for row, index in enumerate(batch):
-            encoder[row, : self.source_lengths[index]] = self.encoder_ids[index]
-            decoder[row, : self.target_lengths[index] + 1] = self.decoder_ids[index]
-        decoder_inputs, labels = decoder[:, :-1], decoder[:, 1:]
+            source, target = self.encoder_ids[index], self.decoder_ids[index]
+            encoder[row, : len(source)] = source
+            # `<s> y1 .. yn` in, `y1 .. yn </s>` out.
+            decoder_inputs[row, : len(target) - 1] = target[:-1]
+            labels[row, : len(target) - 1] = target[1:]
         inputs = {
             "encoder_token_ids": encoder,
             "encoder_padding_mask": (encoder != self.pad_id).astype("int32"),

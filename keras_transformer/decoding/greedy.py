@@ -36,7 +36,9 @@ def greedy_search(model, sources, max_length_offset=50):
     rows = [i for i, ids in enumerate(sources) if ids]
     if not rows:
         return outputs
-    source_length = max(len(sources[i]) for i in rows)
+    # Shapes rounded up to multiples of 8 are shared by many batches, so
+    # backends that compile per shape (JAX, XLA) reuse their work.
+    source_length = _round_up(max(len(sources[i]) for i in rows), 8)
     encoder_ids = np.full((len(rows), source_length), pad_id, "int32")
     for row, i in enumerate(rows):
         encoder_ids[row, : len(sources[i])] = sources[i]
@@ -44,7 +46,7 @@ def greedy_search(model, sources, max_length_offset=50):
     limit = model.backbone.max_sequence_length
     # Output tokens allowed for each row (the start token takes a position).
     budgets = np.array([min(len(sources[i]) + max_length_offset, limit - 1) for i in rows])
-    max_length = int(budgets.max()) + 1
+    max_length = min(_round_up(int(budgets.max()) + 1, 8), limit)
 
     encoder_output = model.encode(encoder_ids, encoder_mask)
     cache = model.initial_cache(encoder_output, max_length)
@@ -66,3 +68,7 @@ def greedy_search(model, sources, max_length_offset=50):
             ids = ids[: ids.index(end_id)]
         outputs[i] = [t for t in ids if t != pad_id]
     return outputs
+
+
+def _round_up(value, multiple):
+    return -(-value // multiple) * multiple

@@ -1,0 +1,84 @@
+"""Batches of about N tokens grouped by length (section 5.1)."""
+
+import numpy as np
+import pytest
+
+from keras_transformer.data import TokenBudgetBatches
+from keras_transformer.data import token_budget_batches
+from keras_transformer.data import tokenize_pairs
+
+
+@pytest.fixture
+def full_train_batches(multi30k_train, small_tokenizer):
+    sources, targets = multi30k_train
+    return token_budget_batches(sources, targets, small_tokenizer, max_tokens=4096, seed=0)
+
+
+def test_every_batch_within_budget_and_padding_under_10_percent(full_train_batches):
+    batches = full_train_batches
+    tokens = batches.tokens_per_batch()
+    assert tokens.max() <= 4096
+    # Batches are filled: most hold more than 80% of the budget.
+    assert np.median(tokens.max(axis=1)) > 0.8 * 4096
+    fraction = batches.padding_fraction()
+    print(f"{len(batches)} batches, padding fraction {fraction:.3f}")
+    assert fraction < 0.10
+
+
+def test_padding_fraction_counts_padding(full_train_batches):
+    # Recount from the arrays the batches actually contain.
+    real = total = 0
+    for inputs, labels, weights in full_train_batches:
+        for name in ("encoder_padding_mask", "decoder_padding_mask"):
+            real += inputs[name].sum()
+            total += inputs[name].size
+    assert abs((1 - real / total) - full_train_batches.padding_fraction()) < 1e-9
+
+
+def test_each_pair_once_with_shifted_labels(small_tokenizer):
+    sources = ["Ein Hund.", "Zwei Katzen spielen.", "Eine Frau liest ein Buch im Park."] * 5
+    targets = ["A dog.", "Two cats play.", "A woman reads a book in the park."] * 5
+    batches = token_budget_batches(sources, targets, small_tokenizer, max_tokens=40, shuffle=False)
+    seen = 0
+    for inputs, labels, weights in batches:
+        seen += len(labels)
+        start, end = small_tokenizer.start_token_id, small_tokenizer.end_token_id
+        assert (inputs["decoder_token_ids"][:, 0] == start).all()
+        assert (inputs["encoder_token_ids"][:, 0] == start).all()
+        # Labels are the decoder inputs shifted left by one.
+        np.testing.assert_array_equal(labels[:, :-1][weights[:, 1:] > 0], inputs["decoder_token_ids"][:, 1:][weights[:, 1:] > 0])
+        lengths = weights.sum(axis=1).astype(int)
+        assert all(labels[row, length - 1] == end for row, length in enumerate(lengths))
+        np.testing.assert_array_equal(weights > 0, labels != 0)
+        assert inputs["encoder_token_ids"].shape[0] * inputs["encoder_token_ids"].shape[1] <= 40
+    assert seen == len(sources)
+
+
+def test_dataset_reshuffles_each_pass(small_tokenizer, multi30k_train):
+    sources, targets = multi30k_train
+    batches = token_budget_batches(sources[:2000], targets[:2000], small_tokenizer, max_tokens=512, seed=1)
+    dataset = batches.dataset()
+    first = [x["encoder_token_ids"].shape for x, _, _ in dataset.as_numpy_iterator()]
+    second = [x["encoder_token_ids"].shape for x, _, _ in dataset.as_numpy_iterator()]
+    assert sorted(first) == sorted(second) and first != second
+    assert len(first) == len(batches)
+
+
+def test_pad_to_multiple_of_bounds_the_shapes(small_tokenizer, multi30k_train):
+    sources, targets = multi30k_train
+    batches = token_budget_batches(sources[:3000], targets[:3000], small_tokenizer, max_tokens=1024, pad_to_multiple_of=8)
+    for inputs, labels, _ in batches:
+        assert inputs["encoder_token_ids"].shape[1] % 8 == 0
+        assert labels.shape[1] % 8 == 0
+    assert batches.tokens_per_batch().max() <= 1024
+
+
+def test_long_pairs_dropped_and_budget_checked(small_tokenizer):
+    encoder_ids, decoder_ids, dropped = tokenize_pairs(
+        ["kurz", "ein sehr sehr sehr langer Satz mit vielen Wörtern"], ["short", "long"], small_tokenizer, max_length=6
+    )
+    assert dropped == 1 and len(encoder_ids) == 1
+    with pytest.raises(ValueError, match="cannot hold the longest pair"):
+        TokenBudgetBatches([[2, 5, 5, 5, 3]], [[2, 6, 3]], max_tokens=4)
+    with pytest.raises(ValueError, match="No sentence pairs"):
+        TokenBudgetBatches([], [])

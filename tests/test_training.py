@@ -1,0 +1,99 @@
+"""Resumable training runs, checkpoint averaging (section 6.1), BLEU, CLI."""
+
+import os
+
+import keras
+import numpy as np
+import pytest
+import sacrebleu
+
+from keras_transformer import cli
+from keras_transformer.callbacks import KeepLastCheckpoints
+from keras_transformer.callbacks import average_checkpoints
+from keras_transformer.callbacks import list_checkpoints
+from keras_transformer.metrics import corpus_scores
+from keras_transformer.training import train_multi30k
+
+
+def test_bleu_is_sacrebleus_own(multi30k_dir):
+    from keras_transformer.datasets import multi30k
+
+    sources, references = multi30k.load("test_2016_flickr", "en", "de", data_dir=multi30k_dir)
+    # Some imperfect "translations": references with words dropped and cased.
+    hypotheses = [" ".join(r.split()[:-2]).upper() if i % 3 == 0 else r for i, r in enumerate(references)]
+    scores = corpus_scores(hypotheses, references)
+    assert scores["bleu"] == sacrebleu.corpus_bleu(hypotheses, [references]).score
+    assert scores["bleu_lowercase"] == sacrebleu.corpus_bleu(hypotheses, [references], lowercase=True).score
+    assert scores["chrf"] == sacrebleu.corpus_chrf(hypotheses, [references]).score
+    assert scores["bleu_lowercase"] > scores["bleu"]
+    assert scores["bleu_signature"].startswith("nrefs:1|case:mixed")
+    assert "case:lc" in scores["bleu_lowercase_signature"]
+
+
+def _small_model():
+    inputs = keras.Input((3,))
+    return keras.Model(inputs, keras.layers.Dense(2)(inputs))
+
+
+def test_keep_last_checkpoints_and_average(tmp_path):
+    model = _small_model()
+    model.compile(optimizer="sgd", loss="mse")
+    x, y = np.random.rand(32, 3), np.random.rand(32, 2)
+    callback = KeepLastCheckpoints(str(tmp_path), keep=3, save_every=2)
+    model.fit(x, y, batch_size=4, epochs=2, verbose=0, callbacks=[callback])
+    paths = list_checkpoints(str(tmp_path))
+    assert [os.path.basename(p) for p in paths] == [f"step-{s:09d}.weights.h5" for s in (12, 14, 16)]
+    snapshots = []
+    for path in paths:
+        model.load_weights(path)
+        snapshots.append([w.copy() for w in model.get_weights()])
+    average_checkpoints(model, paths)
+    for i, weight in enumerate(model.get_weights()):
+        np.testing.assert_allclose(weight, np.mean([s[i] for s in snapshots], axis=0), rtol=1e-6)
+    with pytest.raises(ValueError, match="No checkpoints"):
+        average_checkpoints(model, [])
+
+
+class _Interrupt(keras.callbacks.Callback):
+    """Stands for a kill after the first epoch's backup."""
+
+    def on_epoch_end(self, epoch, logs=None):
+        raise KeyboardInterrupt("killed")
+
+
+RUN = dict(
+    config="tiny", vocabulary_size=400, max_tokens=512, pad_to_multiple_of=32, max_sequence_length=96,
+    epochs=2, warmup_steps=10, keep_checkpoints=2, bleu_sentences=8, limit=400, validation_limit=32, verbose=0,
+)
+
+
+def test_killed_run_resumes_where_it_stopped_then_evaluates(tmp_path, multi30k_dir, capsys):
+    run = str(tmp_path / "run")
+    with pytest.raises(KeyboardInterrupt):
+        train_multi30k(run, data_dir=multi30k_dir, extra_callbacks=[_Interrupt()], **RUN)
+    steps_per_epoch = __import__("json").load(open(os.path.join(run, "run.json")))["steps_per_epoch"]
+    first = list_checkpoints(os.path.join(run, "checkpoints"))
+    assert [os.path.basename(p) for p in first] == [f"step-{steps_per_epoch:09d}.weights.h5"]
+
+    model, history = train_multi30k(run, data_dir=multi30k_dir, **RUN)
+    # Only the second epoch ran, and the optimizer continued its count.
+    assert len(history.history["loss"]) == 1
+    assert "val_bleu" in history.history
+    assert int(keras.ops.convert_to_numpy(model.optimizer.iterations)) == 2 * steps_per_epoch
+    checkpoints = list_checkpoints(os.path.join(run, "checkpoints"))
+    assert len(checkpoints) == 2
+    assert os.path.exists(os.path.join(run, "model", "model.weights.h5"))
+    assert os.listdir(os.path.join(run, "logs"))
+
+    capsys.readouterr()
+    output = str(tmp_path / "hyp.de")
+    cli.main(["evaluate", os.path.join(run, "model"), "--data-dir", multi30k_dir, "--limit", "16", "--output", output])
+    printed = capsys.readouterr().out
+    assert "test_2016_flickr en-de, 16 sentences" in printed
+    assert "BLEU (lowercased)" in printed and "case:lc" in printed
+    assert len(open(output, encoding="utf-8").read().splitlines()) == 16
+
+
+def test_cli_rejects_unknown_config(tmp_path, multi30k_dir):
+    with pytest.raises(ValueError, match="Unknown config 'huge'"):
+        cli.main(["train", "--output-dir", str(tmp_path), "--data-dir", multi30k_dir, "--config", "huge"])
