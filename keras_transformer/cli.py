@@ -48,6 +48,8 @@ def _add_evaluate(subparsers):
     p.add_argument("--target", help="target language (default: the model's)")
     p.add_argument("--data-dir")
     p.add_argument("--batch-size", type=int, default=64)
+    p.add_argument("--beam-size", type=int, default=4, help="1 decodes greedily (default: 4)")
+    p.add_argument("--alpha", type=float, default=0.6, help="length penalty (default: 0.6)")
     p.add_argument("--limit", type=int, help="translate only the first N sentences")
     p.add_argument("--output", help="write the translations to this file")
 
@@ -113,11 +115,13 @@ def _evaluate(args):
     if args.limit:
         sources, references = sources[: args.limit], references[: args.limit]
     model = TransformerSeq2SeqLM.from_preset(args.model)
-    scores = evaluate_translation(model, sources, references, batch_size=args.batch_size)
+    decoding = dict(sampler="greedy") if args.beam_size == 1 else dict(beam_size=args.beam_size, alpha=args.alpha)
+    scores = evaluate_translation(model, sources, references, batch_size=args.batch_size, **decoding)
     if args.output:
         with open(args.output, "w", encoding="utf-8") as f:
             f.write("\n".join(scores["translations"]) + "\n")
-    print(f"{args.split} {source}-{target}, {len(sources)} sentences, greedy")
+    how = "greedy" if args.beam_size == 1 else f"beam {args.beam_size}, alpha {args.alpha}"
+    print(f"{args.split} {source}-{target}, {len(sources)} sentences, {how}")
     print(f"BLEU {scores['bleu']:.2f}  {scores['bleu_signature']}")
     print(f"BLEU (lowercased) {scores['bleu_lowercase']:.2f}  {scores['bleu_lowercase_signature']}")
     print(f"chrF {scores['chrf']:.2f}  {scores['chrf_signature']}")

@@ -98,8 +98,8 @@ def train_multi30k(
             pairs are dropped.
         keep_checkpoints: checkpoints kept and averaged at the end (1: no
             averaging).
-        bleu_sentences: validation sentences translated for BLEU after each
-            epoch (0: none).
+        bleu_sentences: validation sentences translated (greedily) for BLEU
+            after each epoch (0: none).
         limit: use only the first `limit` training pairs.
         validation_limit: use only the first `validation_limit` validation
             pairs for the validation loss.
@@ -171,7 +171,9 @@ def train_multi30k(
     callbacks = [keras.callbacks.BackupAndRestore(os.path.join(output_dir, "backup"))]
     callbacks.append(KeepLastCheckpoints(os.path.join(output_dir, "checkpoints"), keep=keep_checkpoints))
     if bleu_sentences:
-        callbacks.append(BleuEvaluation(val_sources[:bleu_sentences], val_targets[:bleu_sentences]))
+        callbacks.append(
+            BleuEvaluation(val_sources[:bleu_sentences], val_targets[:bleu_sentences], sampler="greedy")
+        )
     callbacks += [
         keras.callbacks.TensorBoard(os.path.join(output_dir, "logs")),
         keras.callbacks.CSVLogger(os.path.join(output_dir, "history.csv"), append=True),

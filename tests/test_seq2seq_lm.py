@@ -114,7 +114,9 @@ def _uncached_greedy(model, source_ids, steps, start_id):
         }
         logits = to_numpy(model(inputs))[0, -1]
         all_logits.append(logits)
-        ids.append(int(np.argmax(logits)))
+        allowed = logits.copy()
+        allowed[[0, start_id]] = -np.inf  # padding and start are never outputs
+        ids.append(int(np.argmax(allowed)))
     return ids[1:], np.array(all_logits)
 
 
@@ -151,6 +153,12 @@ def test_generate_text(small_tokenizer):
     assert isinstance(outputs[0], str)
     assert outputs[1:] == ["", ""]
     assert model.generate("") == ""
+    assert model.generate("Ein Hund.", sampler="greedy") == model.generate("Ein Hund.", beam_size=1)
+    nbest = model.generate(["Ein Hund läuft.", ""], num_results=3)
+    assert len(nbest[0]) == 3 and nbest[1] == [("", 0.0)]
+    scores = [score for _, score in nbest[0]]
+    assert scores == sorted(scores, reverse=True)
+    assert nbest[0][0][0] == outputs[0]
     with pytest.raises(ValueError, match="max_sequence_length=64"):
         model.generate(["Wort " * 200])
     with pytest.raises(ValueError, match="Unknown sampler"):

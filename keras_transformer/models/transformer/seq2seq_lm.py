@@ -6,6 +6,7 @@ import keras_hub
 import numpy as np
 from keras import ops
 
+from keras_transformer.decoding.beam_search import beam_search
 from keras_transformer.losses import LabelSmoothedCrossEntropy
 from keras_transformer.models.transformer.backbone import TransformerBackbone
 from keras_transformer.models.transformer.seq2seq_lm_preprocessor import (
@@ -43,7 +44,7 @@ class TransformerSeq2SeqLM(keras_hub.models.Seq2SeqLM):
                                    d_model=256, d_ff=1024, num_heads=4)
     model = TransformerSeq2SeqLM(backbone, preprocessor)
     model.fit({"encoder_text": sources, "decoder_text": targets}, epochs=10)
-    model.generate(["A man rides a bicycle."])
+    model.generate(["A man rides a bicycle."])  # beam 4, alpha 0.6
     ```
     """
 
@@ -161,43 +162,68 @@ class TransformerSeq2SeqLM(keras_hub.models.Seq2SeqLM):
         logits = backbone.token_embedding(x[:, 0, :], reverse=True)
         return logits, new_cache
 
-    def generate(self, inputs, sampler="greedy", max_length_offset=50, batch_size=32, **kwargs):
-        """Translates sources.
+    def generate(
+        self,
+        inputs,
+        sampler="beam",
+        beam_size=4,
+        alpha=0.6,
+        max_length_offset=50,
+        num_results=1,
+        return_scores=False,
+        batch_size=32,
+    ):
+        """Translates sources with the key/value cache (section 6.1).
 
         Args:
             inputs: a string or a list of strings (needs the preprocessor),
                 or a dict with `encoder_token_ids` and `encoder_padding_mask`.
-            sampler: `"greedy"`.
+            sampler: `"beam"` (the paper) or `"greedy"`.
+            beam_size: beams per source (the paper: 4).
+            alpha: length penalty exponent (the paper: 0.6).
             max_length_offset: at most source length + this many output
                 tokens (the paper: 50).
+            num_results: hypotheses returned per source (beam search).
+            return_scores: return `(output, score)` pairs, the score being
+                log P / lp for beam search and log P for greedy decoding.
             batch_size: sources translated together.
 
         Returns:
-            Strings (for string inputs), or a list of token id lists.
+            For string inputs, strings; for token ids, lists of ids. With
+            `num_results > 1` or `return_scores`, each source gets a list of
+            `(output, score)` pairs, best first. An empty or blank source
+            gives an empty output.
         """
-        from keras_transformer.decoding.greedy import greedy_search
-
-        if sampler != "greedy":
-            raise ValueError(f"Unknown sampler {sampler!r}; available: 'greedy'.")
-        if kwargs:
-            raise TypeError(f"Unexpected arguments: {sorted(kwargs)}.")
+        if sampler not in ("beam", "greedy"):
+            raise ValueError(f"Unknown sampler {sampler!r}; available: 'beam', 'greedy'.")
+        if sampler == "greedy":
+            beam_size, alpha = 1, 0.0
+        if num_results > beam_size:
+            raise ValueError(f"num_results={num_results} needs beam_size >= {num_results}.")
         single = isinstance(inputs, str)
         texts = [inputs] if single else inputs
-        if isinstance(texts, dict):
+        from_ids = isinstance(texts, dict)
+        if from_ids:
             ids = keras.ops.convert_to_numpy(texts["encoder_token_ids"])
             mask = keras.ops.convert_to_numpy(texts["encoder_padding_mask"]).astype(bool)
             sources = [row[m].tolist() for row, m in zip(ids, mask)]
         else:
             sources = self._tokenize_sources(texts)
-        outputs = []
+        results = []
         for start in range(0, len(sources), batch_size):
-            outputs.extend(
-                greedy_search(self, sources[start : start + batch_size], max_length_offset)
+            results.extend(
+                beam_search(
+                    self, sources[start : start + batch_size], beam_size=beam_size, alpha=alpha,
+                    max_length_offset=max_length_offset, num_results=num_results,
+                )
             )
-        if isinstance(texts, dict):
-            return outputs
-        translations = [self._detokenize(ids) if src else "" for ids, src in zip(outputs, sources)]
-        return translations[0] if single else translations
+        decode = (lambda ids: ids) if from_ids else self._detokenize
+        empty = [] if from_ids else ""
+        if num_results > 1 or return_scores:
+            outputs = [[(decode(ids), score) for ids, score, _ in result] or [(empty, 0.0)] for result in results]
+        else:
+            outputs = [decode(result[0][0]) if result else empty for result in results]
+        return outputs[0] if single else outputs
 
     def _require_tokenizer(self):
         if self.preprocessor is None:

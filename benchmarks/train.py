@@ -1,0 +1,254 @@
+"""Training throughput on real Multi30k batches, every backend, one run.
+
+    python benchmarks/train.py --data-dir PATH/TO/multi30k [--steps 20]
+
+For each Keras backend (each in its own process) it times training steps of
+a 3+3-layer, d_model 256, d_ff 1024, 4-head model with an 8,000-token shared
+vocabulary:
+
+- `keras_transformer`: this package, on token-budget batches grouped by
+  length (4,096 tokens a side);
+- `keras-hub fixed`: the same-size model built from keras-hub's
+  `TokenAndPositionEmbedding`, `TransformerEncoder` and `TransformerDecoder`,
+  fed as keras.io's translation example does: 64 sentences a batch, padded
+  to a fixed 40 tokens;
+
+and, as a third peer, PyTorch's `torch.nn.Transformer` of the same size on
+the token-budget batches. The figure of merit is real (non-padding) target
+tokens per second. Model FLOP/s count the matrix multiplications of the
+padded batch (forward and backward: 3x forward) and are shown as a fraction
+of a NumPy float32 matmul timed in the same run.
+
+Each timing runs the same batches twice: the first pass compiles (JAX, XLA
+and TensorFlow compile once per batch shape), the second is timed.
+"""
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+
+import numpy as np
+
+CONFIG = dict(num_layers=3, d_model=256, d_ff=1024, num_heads=4, vocabulary_size=8000)
+FIXED_LENGTH, FIXED_BATCH = 40, 64
+
+
+def numpy_matmul_flops(size=2048, repeats=5):
+    a = np.random.rand(size, size).astype("float32")
+    b = np.random.rand(size, size).astype("float32")
+    a @ b
+    start = time.perf_counter()
+    for _ in range(repeats):
+        a @ b
+    return 2 * size**3 * repeats / (time.perf_counter() - start)
+
+
+def step_flops(batch_size, source_length, target_length, config=CONFIG):
+    """Forward+backward FLOPs of one step on a padded batch (3x forward)."""
+    d, d_ff, n, vocab = config["d_model"], config["d_ff"], config["num_layers"], config["vocabulary_size"]
+    S, T = source_length, target_length
+    encoder = n * S * (2 * 4 * d * d + 2 * 2 * d * d_ff + 2 * 2 * S * d)
+    decoder = n * T * (2 * 8 * d * d + 2 * 2 * d * d_ff + 2 * 2 * T * d + 2 * 2 * S * d)
+    logits = T * 2 * d * vocab
+    return 3 * batch_size * (encoder + decoder + logits)
+
+
+def load_data(data_dir, limit):
+    from keras_transformer.datasets import multi30k
+    from keras_transformer.models import TransformerTokenizer
+
+    sources, targets = multi30k.load("train", "en", "de", data_dir=data_dir)
+    tokenizer = TransformerTokenizer.train(sources + targets, vocabulary_size=CONFIG["vocabulary_size"])
+    return sources[:limit], targets[:limit], tokenizer
+
+
+def budget_batches(sources, targets, tokenizer, steps):
+    from keras_transformer.data import token_budget_batches
+
+    batches = token_budget_batches(sources, targets, tokenizer, max_tokens=4096, seed=0)
+    return [b for _, b in zip(range(steps), batches)], batches.padding_fraction()
+
+
+def fixed_batches(sources, targets, tokenizer, steps):
+    """keras.io style: fixed 40-token padding, 64 sentences a batch."""
+    from keras_transformer.data import tokenize_pairs
+
+    encoder_ids, decoder_ids, _ = tokenize_pairs(sources, targets, tokenizer, max_length=FIXED_LENGTH + 1)
+    batches = []
+    for start in range(0, FIXED_BATCH * steps, FIXED_BATCH):
+        enc = np.zeros((FIXED_BATCH, FIXED_LENGTH), "int32")
+        dec = np.zeros((FIXED_BATCH, FIXED_LENGTH + 1), "int32")
+        for row, (e, t) in enumerate(zip(encoder_ids[start : start + FIXED_BATCH], decoder_ids[start : start + FIXED_BATCH])):
+            enc[row, : min(len(e), FIXED_LENGTH)] = e[:FIXED_LENGTH]
+            dec[row, : len(t)] = t
+        batches.append((enc, dec[:, :-1], dec[:, 1:]))
+    return batches
+
+
+def time_passes(run_step, batches, flops_of):
+    for batch in batches:  # compile / warm up
+        run_step(batch)
+    start = time.perf_counter()
+    tokens = flops = 0
+    for batch in batches:
+        tokens += run_step(batch)
+        flops += flops_of(batch)
+    seconds = time.perf_counter() - start
+    return {"tokens_per_second": tokens / seconds, "flops_per_second": flops / seconds, "seconds": seconds}
+
+
+def worker_keras(data_dir, steps):
+    import keras
+    import keras_hub
+
+    from keras_transformer.models import TransformerBackbone
+    from keras_transformer.models import TransformerSeq2SeqLM
+
+    sources, targets, tokenizer = load_data(data_dir, 20000)
+    results = {"backend": keras.config.backend()}
+
+    backbone = TransformerBackbone(
+        **{k: v for k, v in CONFIG.items()}, dropout=0.1, max_sequence_length=256
+    )
+    model = TransformerSeq2SeqLM(backbone)
+    model.compile(warmup_steps=4000)
+    batches, padding = budget_batches(sources, targets, tokenizer, steps)
+
+    def ours(batch):
+        x, y, w = batch
+        model.train_on_batch(x, y, sample_weight=w)
+        return int(w.sum())
+
+    def ours_flops(batch):
+        x, y, _ = batch
+        return step_flops(len(y), x["encoder_token_ids"].shape[1], y.shape[1])
+
+    results["keras_transformer"] = {**time_passes(ours, batches, ours_flops), "padding": padding}
+
+    # The keras.io translation example's model, same sizes.
+    d, n = CONFIG["d_model"], CONFIG["num_layers"]
+    encoder_inputs = keras.Input((None,), dtype="int32")
+    x = keras_hub.layers.TokenAndPositionEmbedding(CONFIG["vocabulary_size"], FIXED_LENGTH, d)(encoder_inputs)
+    for _ in range(n):
+        x = keras_hub.layers.TransformerEncoder(CONFIG["d_ff"], CONFIG["num_heads"], dropout=0.1)(x)
+    decoder_inputs = keras.Input((None,), dtype="int32")
+    y = keras_hub.layers.TokenAndPositionEmbedding(CONFIG["vocabulary_size"], FIXED_LENGTH, d)(decoder_inputs)
+    for _ in range(n):
+        y = keras_hub.layers.TransformerDecoder(CONFIG["d_ff"], CONFIG["num_heads"], dropout=0.1)(y, x)
+    logits = keras.layers.Dense(CONFIG["vocabulary_size"])(y)
+    peer = keras.Model([encoder_inputs, decoder_inputs], logits)
+    peer.compile(
+        optimizer=keras.optimizers.Adam(1e-4),
+        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True, ignore_class=0),
+    )
+    fixed = fixed_batches(sources, targets, tokenizer, steps)
+
+    def keras_hub_step(batch):
+        enc, dec, labels = batch
+        peer.train_on_batch([enc, dec], labels)
+        return int((labels != 0).sum())
+
+    results["keras_hub_fixed"] = {
+        **time_passes(keras_hub_step, fixed, lambda b: step_flops(FIXED_BATCH, FIXED_LENGTH, FIXED_LENGTH)),
+        "padding": float(1 - sum(((b[0] != 0).sum() + (b[1] != 0).sum()) for b in fixed) / (len(fixed) * 2 * FIXED_BATCH * FIXED_LENGTH)),
+    }
+    print(json.dumps(results))
+
+
+def worker_torch(data_dir, steps):
+    import torch
+
+    torch.manual_seed(0)
+    sources, targets, tokenizer = load_data(data_dir, 20000)
+    batches, padding = budget_batches(sources, targets, tokenizer, steps)
+    d = CONFIG["d_model"]
+
+    class Model(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.embedding = torch.nn.Embedding(CONFIG["vocabulary_size"], d)
+            self.transformer = torch.nn.Transformer(
+                d, CONFIG["num_heads"], CONFIG["num_layers"], CONFIG["num_layers"], CONFIG["d_ff"],
+                dropout=0.1, batch_first=True,
+            )
+
+        def forward(self, enc, dec):
+            mask = torch.nn.Transformer.generate_square_subsequent_mask(dec.shape[1])
+            hidden = self.transformer(
+                self.embedding(enc) * d**0.5, self.embedding(dec) * d**0.5, tgt_mask=mask,
+                src_key_padding_mask=enc == 0, tgt_key_padding_mask=dec == 0,
+                memory_key_padding_mask=enc == 0, tgt_is_causal=True,
+            )
+            return hidden @ self.embedding.weight.T
+
+    model = Model()
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-4, betas=(0.9, 0.98), eps=1e-9)
+    loss_fn = torch.nn.CrossEntropyLoss(ignore_index=0, label_smoothing=0.1)
+
+    def step(batch):
+        x, y, w = batch
+        enc = torch.from_numpy(x["encoder_token_ids"]).long()
+        dec = torch.from_numpy(x["decoder_token_ids"]).long()
+        labels = torch.from_numpy(y).long()
+        optimizer.zero_grad()
+        logits = model(enc, dec)
+        loss = loss_fn(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1))
+        loss.backward()
+        optimizer.step()
+        return int(w.sum())
+
+    def flops(batch):
+        x, y, _ = batch
+        return step_flops(len(y), x["encoder_token_ids"].shape[1], y.shape[1])
+
+    print(json.dumps({"backend": "torch.nn.Transformer", "torch": {**time_passes(step, batches, flops), "padding": padding}}))
+
+
+def run_worker(kind, backend, args):
+    env = {**os.environ, "KERAS_BACKEND": backend, "TF_CPP_MIN_LOG_LEVEL": "3"}
+    command = [sys.executable, __file__, "--worker", kind, "--data-dir", args.data_dir, "--steps", str(args.steps)]
+    output = subprocess.run(command, env=env, check=True, capture_output=True, text=True).stdout
+    return json.loads(output.strip().splitlines()[-1])
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--data-dir", default=os.environ.get("KERAS_TRANSFORMER_MULTI30K"))
+    parser.add_argument("--steps", type=int, default=20, help="batches per timed pass")
+    parser.add_argument("--backends", default="jax,tensorflow,torch")
+    parser.add_argument("--worker", choices=["keras", "torch"], help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.worker == "keras":
+        return worker_keras(args.data_dir, args.steps)
+    if args.worker == "torch":
+        return worker_torch(args.data_dir, args.steps)
+
+    matmul = numpy_matmul_flops()
+    rows = []
+    for backend in args.backends.split(","):
+        print(f"timing {backend} ...", file=sys.stderr)
+        result = run_worker("keras", backend, args)
+        for name in ("keras_transformer", "keras_hub_fixed"):
+            rows.append((f"{name} ({backend})", result[name]))
+    print("timing torch.nn.Transformer ...", file=sys.stderr)
+    rows.append(("torch.nn.Transformer (torch)", run_worker("torch", "torch", args)["torch"]))
+
+    print(f"\nNumPy float32 matmul: {matmul / 1e9:.0f} GFLOP/s\n")
+    print("| model (backend) | target tokens/s | padding | model GFLOP/s | of matmul | vs keras-hub fixed |")
+    print("| --- | ---: | ---: | ---: | ---: | ---: |")
+    peers = {name.split(" (")[1]: r["tokens_per_second"] for name, r in rows if name.startswith("keras_hub_fixed")}
+    for name, r in rows:
+        backend = name.split(" (")[1].rstrip(")")
+        peer = peers.get(backend + ")")
+        ratio = f"{r['tokens_per_second'] / peer:.2f}x" if peer else ""
+        print(
+            f"| {name} | {r['tokens_per_second']:,.0f} | {r['padding']:.1%} | {r['flops_per_second'] / 1e9:.0f} "
+            f"| {r['flops_per_second'] / matmul:.0%} | {ratio} |"
+        )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,134 @@
+"""Beam search with the GNMT length penalty (section 6.1), against
+exhaustive search on a tiny model."""
+
+import itertools
+
+import numpy as np
+import pytest
+from keras import ops
+
+from keras_transformer.decoding import greedy_search
+from keras_transformer.decoding.beam_search import beam_search
+from keras_transformer.decoding.beam_search import length_penalty
+from keras_transformer.models import TransformerBackbone
+from keras_transformer.models import TransformerSeq2SeqLM
+
+PAD, START, END = 0, 2, 3
+VOCABULARY = 6  # <pad> <unk> <s> </s> a b
+OUTPUTS = [1, 3, 4, 5]  # what the model may emit: never <pad> or <s>
+
+
+def tiny_model(seed=0, max_sequence_length=64):
+    import keras
+
+    keras.utils.set_random_seed(seed)
+    backbone = TransformerBackbone(
+        VOCABULARY, num_layers=1, d_model=16, d_ff=32, num_heads=2, dropout=0.0,
+        max_sequence_length=max_sequence_length,
+    )
+    # Large random embeddings make the distributions peaked and varied.
+    backbone.token_embedding.embeddings.assign(np.random.normal(0, 1.5, (VOCABULARY, 16)).astype("float32"))
+    return TransformerSeq2SeqLM(backbone)
+
+
+def sequence_log_prob(model, source, output):
+    """log P(output | source) from full forward passes, no cache."""
+    inputs = {
+        "encoder_token_ids": np.array([source], "int32"),
+        "encoder_padding_mask": np.ones((1, len(source)), "int32"),
+        "decoder_token_ids": np.array([[START] + output[:-1]], "int32"),
+        "decoder_padding_mask": np.ones((1, len(output)), "int32"),
+    }
+    logits = ops.convert_to_numpy(model(inputs))[0].astype("float64")
+    log_probs = logits - np.log(np.exp(logits - logits.max(-1, keepdims=True)).sum(-1, keepdims=True)) - logits.max(-1, keepdims=True)
+    return float(sum(log_probs[t, token] for t, token in enumerate(output)))
+
+
+def exhaustive(model, source, max_tokens, alpha):
+    """Every output of at most `max_tokens` tokens: ending in </s>, or cut at
+    the maximum length."""
+    scored = []
+    for length in range(1, max_tokens + 1):
+        for output in itertools.product(OUTPUTS, repeat=length):
+            output = list(output)
+            if END in output[:-1]:
+                continue
+            if output[-1] != END and length < max_tokens:
+                continue
+            log_prob = sequence_log_prob(model, source, output)
+            ids = output[:-1] if output[-1] == END else output
+            scored.append((log_prob / length_penalty(length, alpha), log_prob, ids))
+    return sorted(scored, key=lambda item: -item[0])
+
+
+@pytest.mark.parametrize("alpha", [0.6, 0.0, 2.0])
+def test_wide_beam_equals_exhaustive_search(alpha):
+    model = tiny_model()
+    source = [START, 4, 5, 4, END]
+    max_tokens = 3
+    expected = exhaustive(model, source, max_tokens, alpha)
+    # 64 beams hold every prefix of 3 tokens over 4 symbols: exact search.
+    result = beam_search(model, [source], beam_size=64, alpha=alpha,
+                         max_length_offset=max_tokens - len(source), num_results=5)[0]
+    assert [ids for ids, _, _ in result] == [ids for _, _, ids in expected[:5]]
+    np.testing.assert_allclose([s for _, s, _ in result], [s for s, _, _ in expected[:5]], rtol=1e-4)
+    np.testing.assert_allclose([lp for _, _, lp in result], [lp for _, lp, _ in expected[:5]], rtol=1e-4)
+
+
+def test_alpha_zero_ranks_by_log_probability():
+    model = tiny_model(seed=3)
+    source = [START, 5, 5, 4, END]
+    result = beam_search(model, [source], beam_size=8, alpha=0.0, num_results=8, max_length_offset=1)[0]
+    log_probs = [lp for _, _, lp in result]
+    assert log_probs == sorted(log_probs, reverse=True)
+    assert all(score == lp for _, score, lp in result)
+
+
+def test_length_penalty_is_gnmt():
+    assert length_penalty(1, 0.6) == 1.0
+    np.testing.assert_allclose(length_penalty(10, 0.6), (15 / 6) ** 0.6)
+    assert length_penalty(7, 0.0) == 1.0
+
+
+def test_beam_size_one_is_greedy():
+    model = tiny_model(seed=1, max_sequence_length=32)
+    sources = [[START, 4, 5, END], [START, 5, 4, 4, 5, 1, END], [START, END]]
+    greedy = greedy_search(model, sources, max_length_offset=10)
+    beam = beam_search(model, sources, beam_size=1, max_length_offset=10)
+    assert [r[0][0] for r in beam] == greedy
+
+
+def test_finished_hypotheses_are_never_extended():
+    model = tiny_model(seed=2)
+    source = [START, 4, 4, 5, END]
+    results = beam_search(model, [source], beam_size=4, num_results=4, max_length_offset=6)[0]
+    for ids, score, log_prob in results:
+        assert END not in ids
+        # The reported log-probability is that of exactly this output (plus
+        # its end token when it ended early), with nothing added after.
+        output = ids + [END] if len(ids) < len(source) + 6 else ids
+        np.testing.assert_allclose(log_prob, sequence_log_prob(model, source, output), rtol=1e-4, atol=1e-5)
+        np.testing.assert_allclose(score, log_prob / length_penalty(len(output), 0.6), rtol=1e-9)
+
+
+def test_batches_of_different_lengths_equal_one_by_one():
+    model = tiny_model(seed=4)
+    sources = [[START, 4, END], [START, 5, 4, 4, 5, 1, 4, END], [], [START, 1, 5, END]]
+    batched = beam_search(model, sources, beam_size=3, num_results=2, max_length_offset=5)
+    assert batched[2] == []
+    for source, result in zip(sources, batched):
+        if source:
+            single = beam_search(model, [source], beam_size=3, num_results=2, max_length_offset=5)[0]
+            assert [ids for ids, _, _ in single] == [ids for ids, _, _ in result]
+            np.testing.assert_allclose([s for _, s, _ in single], [s for _, s, _ in result], rtol=1e-5)
+            assert all(len(ids) <= len(source) + 5 for ids, _, _ in result)
+
+
+def test_bad_arguments():
+    model = tiny_model()
+    with pytest.raises(ValueError, match="beam_size"):
+        beam_search(model, [[START, END]], beam_size=0)
+    with pytest.raises(ValueError, match="num_results"):
+        beam_search(model, [[START, END]], beam_size=2, num_results=3)
+    with pytest.raises(ValueError, match="alpha"):
+        beam_search(model, [[START, END]], alpha=-1)
