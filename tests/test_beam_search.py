@@ -61,18 +61,19 @@ def exhaustive(model, source, max_tokens, alpha):
     return sorted(scored, key=lambda item: -item[0])
 
 
-@pytest.mark.parametrize("alpha", [0.6, 0.0, 2.0])
-def test_wide_beam_equals_exhaustive_search(alpha):
+@pytest.mark.parametrize("alpha,num_results", [(0.6, 5), (0.6, 1), (0.0, 5), (2.0, 3)])
+def test_wide_beam_equals_exhaustive_search(alpha, num_results):
     model = tiny_model()
     source = [START, 4, 5, 4, END]
     max_tokens = 3
     expected = exhaustive(model, source, max_tokens, alpha)
     # 64 beams hold every prefix of 3 tokens over 4 symbols: exact search.
     result = beam_search(model, [source], beam_size=64, alpha=alpha,
-                         max_length_offset=max_tokens - len(source), num_results=5)[0]
-    assert [ids for ids, _, _ in result] == [ids for _, _, ids in expected[:5]]
-    np.testing.assert_allclose([s for _, s, _ in result], [s for s, _, _ in expected[:5]], rtol=1e-4)
-    np.testing.assert_allclose([lp for _, _, lp in result], [lp for _, lp, _ in expected[:5]], rtol=1e-4)
+                         max_length_offset=max_tokens - len(source), num_results=num_results)[0]
+    expected = expected[:num_results]
+    assert [ids for ids, _, _ in result] == [ids for _, _, ids in expected]
+    np.testing.assert_allclose([s for _, s, _ in result], [s for s, _, _ in expected], rtol=1e-4)
+    np.testing.assert_allclose([lp for _, _, lp in result], [lp for _, lp, _ in expected], rtol=1e-4)
 
 
 def test_alpha_zero_ranks_by_log_probability():

@@ -17,10 +17,11 @@ At each step the `2 * beam_size` best extensions of the live beams are
 ranked (as fairseq does). End tokens among the best `beam_size` of them
 finish hypotheses; the best `beam_size` others stay live. A source is done
 when it has `beam_size` finished hypotheses, when no live beam can still
-beat the best finished one (log-probabilities only fall, and with alpha >= 0
-the penalty only grows, so a live beam's best possible score is its
-log-probability over the penalty at the maximum length), or at the maximum
-length, where the live beams finish as they are. With `beam_size=1` this is
+beat the best finished one (the n-th best when n results are asked for:
+log-probabilities only fall, and with alpha >= 0 the penalty only grows, so
+a live beam's best possible score is its log-probability over the penalty
+at the maximum length), or at the maximum length, where the live beams
+finish as they are. With `beam_size=1` this is
 greedy decoding.
 """
 
@@ -87,10 +88,20 @@ def beam_search(model, sources, beam_size=4, alpha=0.6, max_length_offset=50, nu
     budgets = np.array([min(len(sources[i]) + max_length_offset, limit - 1) for i in rows])
     max_length = min(_round_up(int(budgets.max()) + 1, 8), limit)
 
-    # Every beam of a source reads the same encoder output.
-    encoder_output = model.encode(encoder_ids, encoder_mask)
+    encode, step = model.decoding_functions()
+    _, cross_caches = encode(encoder_ids, encoder_mask)
+    # Every beam of a source reads the same encoder keys and values.
     beam_mask = np.repeat(encoder_mask, k, axis=0)
-    cache = model.initial_cache(ops.repeat(encoder_output, k, axis=0), max_length)
+    cache = []
+    for layer, (keys, values) in zip(model.backbone.decoder_layers, cross_caches):
+        attention = layer.self_attention
+        shape = (batch * k, max_length, attention.num_heads)
+        self_cache = (
+            ops.zeros(shape + (attention._d_k,), model.compute_dtype),
+            ops.zeros(shape + (attention._d_v,), model.compute_dtype),
+        )
+        cache.append((self_cache, (ops.repeat(keys, k, axis=0), ops.repeat(values, k, axis=0))))
+    parents_flat = np.arange(batch * k, dtype="int32")
 
     tokens = np.full((batch * k,), start_id, "int32")
     sequences = np.zeros((batch, k, 0), "int32")
@@ -101,13 +112,13 @@ def beam_search(model, sources, beam_size=4, alpha=0.6, max_length_offset=50, nu
     done = np.zeros(batch, bool)
 
     for index in range(max_length - 1):
-        logits, cache = model.call_decoder_with_cache(tokens[:, None], index, cache, beam_mask)
-        step = ops.convert_to_numpy(ops.log_softmax(ops.cast(logits, "float32"), axis=-1))
-        step = step.astype("float64").reshape(batch, k, -1)
-        vocabulary_size = step.shape[-1]
+        logits, cache = step(tokens[:, None], np.asarray(index, "int32"), cache, beam_mask, parents_flat)
+        token_log_probs = ops.convert_to_numpy(ops.log_softmax(ops.cast(logits, "float32"), axis=-1))
+        token_log_probs = token_log_probs.astype("float64").reshape(batch, k, -1)
+        vocabulary_size = token_log_probs.shape[-1]
         # Padding and start tokens are never outputs.
-        step[:, :, [pad_id, start_id]] = -np.inf
-        candidates = (log_probs[:, :, None] + step).reshape(batch, -1)
+        token_log_probs[:, :, [pad_id, start_id]] = -np.inf
+        candidates = (log_probs[:, :, None] + token_log_probs).reshape(batch, -1)
         order = np.argsort(-candidates, axis=1, kind="stable")[:, : 2 * k]
 
         new_log_probs = np.full((batch, k), -np.inf)
@@ -140,22 +151,19 @@ def beam_search(model, sources, beam_size=4, alpha=0.6, max_length_offset=50, nu
                 done[row] = True
             elif len(finished[row]) >= k or live == 0:
                 done[row] = True
-            elif finished[row]:
-                best = max(score for score, _, _ in finished[row])
+            elif len(finished[row]) >= num_results:
+                # The n-th best finished score that a live beam must beat.
+                bar = sorted((score for score, _, _ in finished[row]), reverse=True)[num_results - 1]
                 reachable = new_log_probs[row, :live].max() / length_penalty(budgets[row], alpha)
-                done[row] = best >= reachable
+                done[row] = bar >= reachable
         if done.all():
             break
-        flat_parents = (np.arange(batch)[:, None] * k + parents).reshape(-1)
+        parents_flat = (np.arange(batch)[:, None] * k + parents).reshape(-1).astype("int32")
         sequences = np.concatenate(
             [sequences[np.arange(batch)[:, None], parents], new_tokens[:, :, None]], axis=2
         )
         log_probs = np.where(done[:, None], -np.inf, new_log_probs)
         tokens = new_tokens.reshape(-1)
-        cache = [
-            ((ops.take(keys, flat_parents, axis=0), ops.take(values, flat_parents, axis=0)), cross)
-            for (keys, values), cross in cache
-        ]
 
     for row, i in enumerate(rows):
         ranked = sorted(finished[row], key=lambda item: -item[0])[:num_results]

@@ -162,6 +162,38 @@ class TransformerSeq2SeqLM(keras_hub.models.Seq2SeqLM):
         logits = backbone.token_embedding(x[:, 0, :], reverse=True)
         return logits, new_cache
 
+    def decoding_functions(self):
+        """The encoder and the decoding step, compiled for the backend
+        (see `keras_transformer.decoding.compiled`), made once per model.
+
+        Returns:
+            `(encode, step)`: `encode(encoder_token_ids, encoder_padding_mask)`
+            gives `(encoder_output, cross_attention_caches)`;
+            `step(token_ids, index, cache, encoder_padding_mask, parents)`
+            first reorders the self-attention caches to the beams' `parents`
+            (row indices), then runs `call_decoder_with_cache`.
+        """
+        if getattr(self, "_decoding_functions", None) is None:
+            from keras_transformer.decoding.compiled import compile_for_inference
+
+            def encode(encoder_token_ids, encoder_padding_mask):
+                output = self.encode(encoder_token_ids, encoder_padding_mask)
+                cross = [layer.cross_attention.project_key_value(output) for layer in self.backbone.decoder_layers]
+                return output, cross
+
+            def step(token_ids, index, cache, encoder_padding_mask, parents):
+                cache = [
+                    ((ops.take(keys, parents, axis=0), ops.take(values, parents, axis=0)), cross)
+                    for (keys, values), cross in cache
+                ]
+                return self.call_decoder_with_cache(token_ids, index, cache, encoder_padding_mask)
+
+            self._decoding_functions = (
+                compile_for_inference(self, encode),
+                compile_for_inference(self, step),
+            )
+        return self._decoding_functions
+
     def generate(
         self,
         inputs,

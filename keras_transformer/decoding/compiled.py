@@ -1,0 +1,51 @@
+"""Compiling the decoding functions on each backend.
+
+Decoding calls the encoder once and the decoder once per output token. Run
+op by op, JAX compiles every operation for every new shape and TensorFlow
+pays its eager overhead on each; so each function is compiled whole:
+`jax.jit` (with the model's variables passed in, so that compiled code never
+holds stale weights), `tf.function(jit_compile=True)`, and for PyTorch the
+eager function without autograd (its per-op overhead is small).
+
+This is the one place where decoding looks at the backend.
+"""
+
+import keras
+
+
+def compile_for_inference(model, function):
+    """`function(*args)` compiled for the current backend.
+
+    Args:
+        model: the model whose variables `function` reads.
+        function: a function of tensors (and nested tuples/lists of
+            tensors) that calls the model's layers.
+
+    Returns:
+        A callable with the signature of `function`.
+    """
+    backend = keras.config.backend()
+    if backend == "jax":
+        import jax
+
+        variables = model.variables
+
+        def stateless(values, *args):
+            with keras.StatelessScope(state_mapping=list(zip(variables, values))):
+                return function(*args)
+
+        compiled = jax.jit(stateless)
+        return lambda *args: compiled([v.value for v in variables], *args)
+    if backend == "tensorflow":
+        import tensorflow as tf
+
+        return tf.function(function, jit_compile=True, reduce_retracing=True)
+    if backend == "torch":
+        import torch
+
+        def no_grad(*args):
+            with torch.no_grad():
+                return function(*args)
+
+        return no_grad
+    return function
