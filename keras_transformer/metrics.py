@@ -24,7 +24,7 @@ def corpus_scores(hypotheses, references):
     Example:
 
     >>> scores = corpus_scores(["Ein Hund läuft."], ["Ein Hund läuft."])
-    >>> scores["bleu"]
+    >>> round(scores["bleu"], 2)
     100.0
     """
     hypotheses, references = list(hypotheses), list(references)
