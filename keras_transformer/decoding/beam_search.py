@@ -92,15 +92,10 @@ def beam_search(model, sources, beam_size=4, alpha=0.6, max_length_offset=50, nu
     _, cross_caches = encode(encoder_ids, encoder_mask)
     # Every beam of a source reads the same encoder keys and values.
     beam_mask = np.repeat(encoder_mask, k, axis=0)
-    cache = []
-    for layer, (keys, values) in zip(model.backbone.decoder_layers, cross_caches):
-        attention = layer.self_attention
-        shape = (batch * k, max_length, attention.num_heads)
-        self_cache = (
-            ops.zeros(shape + (attention._d_k,), model.compute_dtype),
-            ops.zeros(shape + (attention._d_v,), model.compute_dtype),
-        )
-        cache.append((self_cache, (ops.repeat(keys, k, axis=0), ops.repeat(values, k, axis=0))))
+    cache = [
+        (self_cache, (ops.repeat(keys, k, axis=0), ops.repeat(values, k, axis=0)))
+        for self_cache, (keys, values) in zip(model.empty_self_attention_cache(batch * k, max_length), cross_caches)
+    ]
     parents_flat = np.arange(batch * k, dtype="int32")
 
     tokens = np.full((batch * k,), start_id, "int32")

@@ -113,22 +113,30 @@ class TransformerSeq2SeqLM(keras_hub.models.Seq2SeqLM):
         """The encoder output for a batch of sources."""
         return self.backbone.encode(encoder_token_ids, encoder_padding_mask)
 
+    def empty_self_attention_cache(self, batch_size, max_length):
+        """Zeroed self-attention key/value caches, one `(keys, values)` per
+        decoder layer, each `(batch_size, max_length, heads, d_k | d_v)`."""
+        cache = []
+        for layer in self.backbone.decoder_layers:
+            attention = layer.self_attention
+            shape = (batch_size, max_length, attention.num_heads)
+            cache.append(
+                (
+                    ops.zeros(shape + (attention._d_k,), self.compute_dtype),
+                    ops.zeros(shape + (attention._d_v,), self.compute_dtype),
+                )
+            )
+        return cache
+
     def initial_cache(self, encoder_output, max_length):
         """The decoding state of every decoder layer: an empty self-attention
         key/value cache of `max_length` positions, and the encoder output's
         keys and values for the encoder-decoder attention, computed once."""
-        batch_size = ops.shape(encoder_output)[0]
-        cache = []
-        for layer in self.backbone.decoder_layers:
-            attention = layer.self_attention
-            heads = attention.num_heads
-            self_cache = (
-                ops.zeros((batch_size, max_length, heads, attention._d_k), self.compute_dtype),
-                ops.zeros((batch_size, max_length, heads, attention._d_v), self.compute_dtype),
-            )
-            cross_cache = layer.cross_attention.project_key_value(encoder_output)
-            cache.append((self_cache, cross_cache))
-        return cache
+        self_caches = self.empty_self_attention_cache(ops.shape(encoder_output)[0], max_length)
+        return [
+            (self_cache, layer.cross_attention.project_key_value(encoder_output))
+            for self_cache, layer in zip(self_caches, self.backbone.decoder_layers)
+        ]
 
     def call_decoder_with_cache(self, token_ids, index, cache, encoder_padding_mask):
         """One decoding step: the logits after `token_ids` at position `index`.
