@@ -227,26 +227,23 @@ def main():
         return worker_torch(args.data_dir, args.steps)
 
     matmul = numpy_matmul_flops()
-    rows = []
+    rows = []  # (model, backend, result)
     for backend in args.backends.split(","):
         print(f"timing {backend} ...", file=sys.stderr)
         result = run_worker("keras", backend, args)
-        for name in ("keras_transformer", "keras_hub_fixed"):
-            rows.append((f"{name} ({backend})", result[name]))
+        rows += [(name, backend, result[name]) for name in ("keras_transformer", "keras_hub_fixed")]
     print("timing torch.nn.Transformer ...", file=sys.stderr)
-    rows.append(("torch.nn.Transformer (torch)", run_worker("torch", "torch", args)["torch"]))
+    rows.append(("torch.nn.Transformer", "torch", run_worker("torch", "torch", args)["torch"]))
 
+    fixed = {backend: r["tokens_per_second"] for name, backend, r in rows if name == "keras_hub_fixed"}
     print(f"\nNumPy float32 matmul: {matmul / 1e9:.0f} GFLOP/s\n")
     print("| model (backend) | target tokens/s | padding | model GFLOP/s | of matmul | vs keras-hub fixed |")
     print("| --- | ---: | ---: | ---: | ---: | ---: |")
-    peers = {name.split(" (")[1]: r["tokens_per_second"] for name, r in rows if name.startswith("keras_hub_fixed")}
-    for name, r in rows:
-        backend = name.split(" (")[1].rstrip(")")
-        peer = peers.get(backend + ")")
-        ratio = f"{r['tokens_per_second'] / peer:.2f}x" if peer else ""
+    for name, backend, r in rows:
+        ratio = f"{r['tokens_per_second'] / fixed[backend]:.2f}x" if backend in fixed else ""
         print(
-            f"| {name} | {r['tokens_per_second']:,.0f} | {r['padding']:.1%} | {r['flops_per_second'] / 1e9:.0f} "
-            f"| {r['flops_per_second'] / matmul:.0%} | {ratio} |"
+            f"| {name} ({backend}) | {r['tokens_per_second']:,.0f} | {r['padding']:.1%} "
+            f"| {r['flops_per_second'] / 1e9:.0f} | {r['flops_per_second'] / matmul:.0%} | {ratio} |"
         )
 
 
