@@ -97,9 +97,8 @@ def _languages(model_path, args):
     source, target = args.source, args.target
     if (source is None or target is None) and os.path.exists(run_info):
         with open(run_info) as f:
-            data = json.load(f)["data"]
-        pair = data.rsplit(" ", 1)[-1].split("-")
-        source, target = source or pair[0], target or pair[1]
+            info = json.load(f)
+        source, target = source or info["source"], target or info["target"]
     if source is None or target is None:
         raise SystemExit("error: give --source and --target for this model")
     return source, target

@@ -148,6 +148,8 @@ def train_multi30k(
         epochs = math.ceil(steps / steps_per_epoch)
     run_info = {
         "data": f"Multi30k task 1 train, {source}-{target}",
+        "source": source,
+        "target": target,
         "config": config,
         "backbone": backbone_config,
         "vocabulary_size": tokenizer.vocabulary_size(),

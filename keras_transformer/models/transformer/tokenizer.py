@@ -107,28 +107,28 @@ class TransformerTokenizer(keras_hub.tokenizers.SentencePieceTokenizer):
 
 def _train_sentencepiece(sentencepiece, texts, model, vocabulary_size, model_type, max_sentences):
     sentencepiece.SentencePieceTrainer.train(
-            sentence_iterator=iter(texts),
-            model_writer=model,
-            vocab_size=vocabulary_size,
-            model_type=model_type,
-            pad_id=0,
-            unk_id=1,
-            bos_id=2,
-            eos_id=3,
-            pad_piece=PAD,
-            unk_piece=UNK,
-            bos_piece=START,
-            eos_piece=END,
-            character_coverage=1.0,
-            byte_fallback=True,
-            normalization_rule_name="identity",
-            input_sentence_size=max_sentences,
-            shuffle_input_sentence=True,
-            num_threads=2,
-            # A small corpus may not fill the vocabulary; use what it gives.
-            hard_vocab_limit=False,
-            minloglevel=2,
-        )
+        sentence_iterator=iter(texts),
+        model_writer=model,
+        vocab_size=vocabulary_size,
+        model_type=model_type,
+        pad_id=0,
+        unk_id=1,
+        bos_id=2,
+        eos_id=3,
+        pad_piece=PAD,
+        unk_piece=UNK,
+        bos_piece=START,
+        eos_piece=END,
+        character_coverage=1.0,
+        byte_fallback=True,
+        normalization_rule_name="identity",
+        input_sentence_size=max_sentences,
+        shuffle_input_sentence=True,
+        num_threads=2,
+        # A small corpus may not fill the vocabulary; use what it gives.
+        hard_vocab_limit=False,
+        minloglevel=2,
+    )
 
 
 @keras.saving.register_keras_serializable(package="keras_transformer")
