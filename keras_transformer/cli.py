@@ -98,7 +98,7 @@ def _languages(model_path, args):
     if (source is None or target is None) and os.path.exists(run_info):
         with open(run_info) as f:
             info = json.load(f)
-        source, target = source or info["source"], target or info["target"]
+        source, target = source or info.get("source"), target or info.get("target")
     if source is None or target is None:
         raise SystemExit("error: give --source and --target for this model")
     return source, target
