@@ -8,8 +8,8 @@ import pytest
 from keras import ops
 
 from keras_transformer.decoding import greedy_search
-from keras_transformer.decoding.beam_search import beam_search
-from keras_transformer.decoding.beam_search import length_penalty
+from keras_transformer.decoding.beam import beam_search
+from keras_transformer.decoding.beam import length_penalty
 from keras_transformer.models import TransformerBackbone
 from keras_transformer.models import TransformerSeq2SeqLM
 

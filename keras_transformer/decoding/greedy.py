@@ -1,11 +1,11 @@
 """Greedy decoding: the most probable token at each step.
 
-It is beam search with one beam (`beam_search.py`), which keeps one
+It is beam search with one beam (`beam.py`), which keeps one
 machinery for both: the key/value cache, the maximum length, and tokens
 that are never output (padding, start).
 """
 
-from keras_transformer.decoding.beam_search import beam_search
+from keras_transformer.decoding.beam import beam_search
 
 
 def greedy_search(model, sources, max_length_offset=50):

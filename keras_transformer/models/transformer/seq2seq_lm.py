@@ -6,7 +6,7 @@ import keras_hub
 import numpy as np
 from keras import ops
 
-from keras_transformer.decoding.beam_search import beam_search
+from keras_transformer.decoding.beam import beam_search
 from keras_transformer.losses import LabelSmoothedCrossEntropy
 from keras_transformer.models.transformer.backbone import TransformerBackbone
 from keras_transformer.models.transformer.seq2seq_lm_preprocessor import (
