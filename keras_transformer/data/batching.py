@@ -94,18 +94,18 @@ class TokenBudgetBatches:
 
     def _make_batches(self):
         order = np.lexsort((self.target_lengths, self.source_lengths))
+        padded_source = _round_up(self.source_lengths, self.pad_to_multiple_of)
+        padded_target = _round_up(self.target_lengths, self.pad_to_multiple_of)
         batches, current, source_max, target_max = [], [], 0, 0
         for index in order:
-            new_source = max(source_max, _round_up(int(self.source_lengths[index]), self.pad_to_multiple_of))
-            new_target = max(target_max, _round_up(int(self.target_lengths[index]), self.pad_to_multiple_of))
+            source_max = max(source_max, padded_source[index])
+            target_max = max(target_max, padded_target[index])
             size = len(current) + 1
-            if current and (size * new_source > self.max_tokens or size * new_target > self.max_tokens):
+            if current and (size * source_max > self.max_tokens or size * target_max > self.max_tokens):
                 batches.append(np.array(current))
                 current = []
-                new_source = _round_up(int(self.source_lengths[index]), self.pad_to_multiple_of)
-                new_target = _round_up(int(self.target_lengths[index]), self.pad_to_multiple_of)
+                source_max, target_max = padded_source[index], padded_target[index]
             current.append(index)
-            source_max, target_max = new_source, new_target
         batches.append(np.array(current))
         return batches
 
@@ -131,10 +131,6 @@ class TokenBudgetBatches:
         """`(source, target)` padded token counts of every batch, an array
         of shape `(num_batches, 2)`."""
         return np.array([[len(b) * n for n in self._padded_lengths(b)] for b in self.batches])
-
-    def target_tokens(self):
-        """Real (non-padding) target tokens over all batches: the labels."""
-        return int(self.target_lengths.sum())
 
     def batch(self, batch):
         """The padded arrays of the pairs `batch` (indices):
