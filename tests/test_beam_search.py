@@ -114,7 +114,9 @@ def test_finished_hypotheses_are_never_extended():
 
 def test_batches_of_different_lengths_equal_one_by_one():
     model = tiny_model(seed=4)
+    # Sources of many lengths: the batch shrinks as sources finish.
     sources = [[START, 4, END], [START, 5, 4, 4, 5, 1, 4, END], [], [START, 1, 5, END]]
+    sources += [[START] + [4 + (i * j) % 2 for j in range(i)] + [END] for i in range(1, 9)]
     batched = beam_search(model, sources, beam_size=3, num_results=2, max_length_offset=5)
     assert batched[2] == []
     for source, result in zip(sources, batched):
@@ -133,3 +135,38 @@ def test_bad_arguments():
         beam_search(model, [[START, END]], beam_size=2, num_results=3)
     with pytest.raises(ValueError, match="alpha"):
         beam_search(model, [[START, END]], alpha=-1)
+
+
+def test_keras_hub_greedy_sampler_runs_through_generate_step():
+    import keras_hub
+
+    model = tiny_model(seed=5, max_sequence_length=40)
+    sources = [[START, 4, 5, END], [START, 5, 4, 4, 5, 1, END], [START, 1, END]]
+    offset = 6
+    ours = greedy_search(model, sources, max_length_offset=offset)
+    padded = np.zeros((len(sources), 8), "int32")
+    for row, ids in enumerate(sources):
+        padded[row, : len(ids)] = ids
+    theirs = model.generate(
+        {"encoder_token_ids": padded, "encoder_padding_mask": padded != PAD},
+        sampler=keras_hub.samplers.GreedySampler(),
+        max_length_offset=offset,
+    )
+    for source, mine, hub in zip(sources, ours, theirs):
+        assert END not in hub and START not in hub
+        if len(mine) < len(source) + offset:  # ended with </s>: the same output
+            assert hub == mine
+        else:  # cut at our limit; keras-hub's limit is the batch's
+            assert hub[: len(mine)] == mine
+
+
+def test_keras_hub_samplers_refuse_scores():
+    import keras_hub
+
+    with pytest.raises(ValueError, match="keras-hub samplers"):
+        tiny_model().generate(
+            {"encoder_token_ids": np.array([[START, END]]), "encoder_padding_mask": np.ones((1, 2))},
+            sampler=keras_hub.samplers.GreedySampler(), return_scores=True,
+        )
+    with pytest.raises(ValueError, match="Unknown sampler"):
+        tiny_model().generate({"encoder_token_ids": np.array([[START, END]]), "encoder_padding_mask": np.ones((1, 2))}, sampler="topk")

@@ -28,10 +28,51 @@ greedy decoding.
 import numpy as np
 from keras import ops
 
+# Positions by which the self-attention cache grows (a multiple of 8).
+CACHE_CHUNK = 16
+
 
 def length_penalty(length, alpha):
     """GNMT's lp(Y) = ((5 + |Y|) / 6) ** alpha."""
     return ((5.0 + np.asarray(length, "float64")) / 6.0) ** alpha
+
+
+def best_extensions(logits, log_probs, never_output, count):
+    """The `count` best one-token extensions of each source's beams.
+
+    Runs inside the compiled decoding step, so that only `count` candidates
+    a source leave the device.
+
+    Args:
+        logits: `(batch * beams, vocabulary_size)` next-token logits.
+        log_probs: `(batch, beams)` float32 log-probabilities of the beams
+            (`-inf` for beams that are not live).
+        never_output: `(vocabulary_size,)` float32, 0 for tokens that may be
+            output and `-inf` for those that may not (padding, start).
+        count: how many extensions to return a source.
+
+    Returns:
+        `(values, indices)`, each `(batch, count)`, best first: the
+        extensions' log-probabilities and their flat indices
+        `beam * vocabulary_size + token`.
+    """
+    log_probs = ops.convert_to_tensor(log_probs, "float32")
+    batch, beams = ops.shape(log_probs)[0], ops.shape(log_probs)[1]
+    token_log_probs = ops.add(ops.log_softmax(ops.cast(logits, "float32"), axis=-1), never_output)
+    vocabulary_size = ops.shape(token_log_probs)[-1]
+    candidates = ops.add(log_probs[:, :, None], ops.reshape(token_log_probs, (batch, beams, vocabulary_size)))
+    return ops.top_k(ops.reshape(candidates, (batch, beams * vocabulary_size)), count)
+
+
+def _grow_self_attention_cache(cache, length):
+    """Zero-pads every self-attention key/value cache to `length` positions."""
+
+    def grow(x):
+        padding = [(0, 0)] * len(ops.shape(x))
+        padding[1] = (0, length - ops.shape(x)[1])
+        return ops.pad(x, padding)
+
+    return [((grow(keys), grow(values)), cross) for (keys, values), cross in cache]
 
 
 def _special_ids(model):
@@ -92,75 +133,104 @@ def beam_search(model, sources, beam_size=4, alpha=0.6, max_length_offset=50, nu
     _, cross_caches = encode(encoder_ids, encoder_mask)
     # Every beam of a source reads the same encoder keys and values.
     beam_mask = np.repeat(encoder_mask, k, axis=0)
+    # The self-attention cache grows by CACHE_CHUNK positions when full:
+    # each step reorders it to the beams' parents and attends over all of
+    # it, so its length, not the maximum output length, sets the step's cost.
+    cache_length = min(CACHE_CHUNK, max_length)
     cache = [
         (self_cache, (ops.repeat(keys, k, axis=0), ops.repeat(values, k, axis=0)))
-        for self_cache, (keys, values) in zip(model.empty_self_attention_cache(batch * k, max_length), cross_caches)
+        for self_cache, (keys, values) in zip(model.empty_self_attention_cache(batch * k, cache_length), cross_caches)
     ]
     parents_flat = np.arange(batch * k, dtype="int32")
 
     tokens = np.full((batch * k,), start_id, "int32")
     sequences = np.zeros((batch, k, 0), "int32")
     # Only the first beam is live at the start: the others would repeat it.
-    log_probs = np.full((batch, k), -np.inf)
+    log_probs = np.full((batch, k), -np.inf, "float32")
     log_probs[:, 0] = 0.0
-    finished = [[] for _ in range(batch)]  # (score, log_prob, token_ids)
+    finished = [[] for _ in range(batch)]  # per source: (score, log_prob, token_ids)
+    # The batch's slots: which source each holds. Sources that are done
+    # leave the batch (see below); `done` marks those still in it.
+    slots = np.arange(batch)
     done = np.zeros(batch, bool)
+    vocabulary_size = model.backbone.vocabulary_size
 
     for index in range(max_length - 1):
-        logits, cache = step(tokens[:, None], np.asarray(index, "int32"), cache, beam_mask, parents_flat)
-        token_log_probs = ops.convert_to_numpy(ops.log_softmax(ops.cast(logits, "float32"), axis=-1))
-        token_log_probs = token_log_probs.astype("float64").reshape(batch, k, -1)
-        vocabulary_size = token_log_probs.shape[-1]
-        # Padding and start tokens are never outputs.
-        token_log_probs[:, :, [pad_id, start_id]] = -np.inf
-        candidates = (log_probs[:, :, None] + token_log_probs).reshape(batch, -1)
-        order = np.argsort(-candidates, axis=1, kind="stable")[:, : 2 * k]
+        if index == cache_length:
+            cache_length = min(cache_length + CACHE_CHUNK, max_length)
+            cache = _grow_self_attention_cache(cache, cache_length)
+        values, indices, cache = step(
+            tokens[:, None], np.asarray(index, "int32"), cache, beam_mask, parents_flat, log_probs
+        )
+        # The 2k best extensions of each source's beams, best first: their
+        # log-probabilities and flat indices into (beam, token).
+        candidates = ops.convert_to_numpy(values).astype("float64")
+        order = ops.convert_to_numpy(indices)
 
-        new_log_probs = np.full((batch, k), -np.inf)
-        parents = np.zeros((batch, k), "int64")
-        new_tokens = np.full((batch, k), pad_id, "int32")
+        size = len(slots)
+        new_log_probs = np.full((size, k), -np.inf)
+        parents = np.zeros((size, k), "int64")
+        new_tokens = np.full((size, k), pad_id, "int32")
         length = index + 1
-        for row in range(batch):
+        for row, source in enumerate(slots):
             if done[row]:
                 continue
             live = 0
-            for rank, flat in enumerate(order[row]):
-                value = candidates[row, flat]
+            for rank, (value, flat) in enumerate(zip(candidates[row], order[row])):
                 if not np.isfinite(value):
                     break
                 parent, token = divmod(int(flat), vocabulary_size)
                 if token == end_id:
                     if rank < k:
                         ids = sequences[row, parent].tolist()
-                        finished[row].append((value / length_penalty(length, alpha), value, ids))
+                        finished[source].append((value / length_penalty(length, alpha), value, ids))
                     continue
                 if live < k:
                     new_log_probs[row, live], parents[row, live], new_tokens[row, live] = value, parent, token
                     live += 1
-            if length >= budgets[row]:
+            if length >= budgets[source]:
                 # The maximum length: live beams finish as they are.
                 for beam in range(live):
                     ids = sequences[row, parents[row, beam]].tolist() + [int(new_tokens[row, beam])]
                     score = new_log_probs[row, beam] / length_penalty(length, alpha)
-                    finished[row].append((score, new_log_probs[row, beam], ids))
+                    finished[source].append((score, new_log_probs[row, beam], ids))
                 done[row] = True
-            elif len(finished[row]) >= k or live == 0:
+            elif len(finished[source]) >= k or live == 0:
                 done[row] = True
-            elif len(finished[row]) >= num_results:
+            elif len(finished[source]) >= num_results:
                 # The n-th best finished score that a live beam must beat.
-                bar = sorted((score for score, _, _ in finished[row]), reverse=True)[num_results - 1]
-                reachable = new_log_probs[row, :live].max() / length_penalty(budgets[row], alpha)
+                bar = sorted((score for score, _, _ in finished[source]), reverse=True)[num_results - 1]
+                reachable = new_log_probs[row, :live].max() / length_penalty(budgets[source], alpha)
                 done[row] = bar >= reachable
         if done.all():
             break
-        parents_flat = (np.arange(batch)[:, None] * k + parents).reshape(-1).astype("int32")
+        # Row indices into the cache, as the next step reads it.
+        parents_flat = (np.arange(size)[:, None] * k + parents).reshape(-1).astype("int32")
         sequences = np.concatenate(
-            [sequences[np.arange(batch)[:, None], parents], new_tokens[:, :, None]], axis=2
+            [sequences[np.arange(size)[:, None], parents], new_tokens[:, :, None]], axis=2
         )
-        log_probs = np.where(done[:, None], -np.inf, new_log_probs)
+        log_probs = np.where(done[:, None], -np.inf, new_log_probs).astype("float32")
         tokens = new_tokens.reshape(-1)
 
-    for row, i in enumerate(rows):
-        ranked = sorted(finished[row], key=lambda item: -item[0])[:num_results]
+        # When at most half the slots hold live sources, the batch shrinks to
+        # the next power of two (a few shapes, so compiled steps are reused),
+        # keeping some done sources as filler: finished sources cost nothing.
+        live_rows = np.flatnonzero(~done)
+        new_size = 1 << int(len(live_rows) - 1).bit_length()
+        if new_size < size:
+            keep = np.concatenate([live_rows, np.flatnonzero(done)[: new_size - len(live_rows)]])
+            beam_rows = (keep[:, None] * k + np.arange(k)).reshape(-1)
+            # The next step's reorder of the self-attention caches also drops
+            # the rows that leave; the encoder's keys and values drop here.
+            parents_flat = parents_flat[beam_rows]
+            cache = [
+                (self_cache, (ops.take(keys, beam_rows, axis=0), ops.take(values, beam_rows, axis=0)))
+                for self_cache, (keys, values) in cache
+            ]
+            beam_mask, tokens = beam_mask[beam_rows], tokens[beam_rows]
+            sequences, log_probs, done, slots = sequences[keep], log_probs[keep], done[keep], slots[keep]
+
+    for source, i in enumerate(rows):
+        ranked = sorted(finished[source], key=lambda item: -item[0])[:num_results]
         results[i] = [(ids, float(score), float(log_prob)) for score, log_prob, ids in ranked]
     return results

@@ -147,9 +147,14 @@ class TransformerSeq2SeqLM(keras_hub.models.Seq2SeqLM):
             cache: from `initial_cache` or a previous step.
             encoder_padding_mask: `(batch, source_length)`.
 
+        Several tokens at once (`(batch, n)`, written at positions `index`
+        to `index + n - 1`) fill the cache for a prompt; the logits are then
+        those after the last of them.
+
         Returns:
-            `(logits, cache)`: logits `(batch, vocabulary_size)` for position
-            `index + 1`, and the cache with position `index` written.
+            `(logits, cache)`: logits `(batch, vocabulary_size)` for the
+            position after the last token, and the cache with the tokens'
+            positions written.
         """
         backbone = self.backbone
         x = backbone.embed(
@@ -167,8 +172,17 @@ class TransformerSeq2SeqLM(keras_hub.models.Seq2SeqLM):
             new_cache.append((self_cache, cross_cache))
         if backbone.decoder_norm is not None:
             x = backbone.decoder_norm(x)
-        logits = backbone.token_embedding(x[:, 0, :], reverse=True)
+        logits = backbone.token_embedding(x[:, -1, :], reverse=True)
         return logits, new_cache
+
+    def never_output_bias(self):
+        """`(vocabulary_size,)` float32: `-inf` for the tokens that decoding
+        never outputs (padding and start), 0 for the others."""
+        from keras_transformer.decoding.beam import _special_ids
+
+        bias = np.zeros(self.backbone.vocabulary_size, "float32")
+        bias[list(_special_ids(self)[:2])] = -np.inf
+        return bias
 
     def decoding_functions(self):
         """The encoder and the decoding step, compiled for the backend
@@ -177,30 +191,144 @@ class TransformerSeq2SeqLM(keras_hub.models.Seq2SeqLM):
         Returns:
             `(encode, step)`: `encode(encoder_token_ids, encoder_padding_mask)`
             gives `(encoder_output, cross_attention_caches)`;
-            `step(token_ids, index, cache, encoder_padding_mask, parents)`
-            first reorders the self-attention caches to the beams' `parents`
-            (row indices), then runs `call_decoder_with_cache`.
+            `step(token_ids, index, cache, encoder_padding_mask, parents,
+            log_probs)` first reorders the self-attention caches to the
+            beams' `parents` (row indices), runs `call_decoder_with_cache`,
+            and returns `(values, indices, cache)`: the `2 * beams` best
+            extensions of each source's beams (see
+            `keras_transformer.decoding.beam.best_extensions`) given the
+            beams' `(batch, beams)` log-probabilities.
         """
         if getattr(self, "_decoding_functions", None) is None:
+            from keras_transformer.decoding.beam import best_extensions
             from keras_transformer.decoding.compiled import compile_for_inference
+
+            never_output = self.never_output_bias()
 
             def encode(encoder_token_ids, encoder_padding_mask):
                 output = self.encode(encoder_token_ids, encoder_padding_mask)
                 cross = [layer.cross_attention.project_key_value(output) for layer in self.backbone.decoder_layers]
                 return output, cross
 
-            def step(token_ids, index, cache, encoder_padding_mask, parents):
+            def step(token_ids, index, cache, encoder_padding_mask, parents, log_probs):
                 cache = [
                     ((ops.take(keys, parents, axis=0), ops.take(values, parents, axis=0)), cross)
                     for (keys, values), cross in cache
                 ]
-                return self.call_decoder_with_cache(token_ids, index, cache, encoder_padding_mask)
+                logits, cache = self.call_decoder_with_cache(token_ids, index, cache, encoder_padding_mask)
+                values, indices = best_extensions(logits, log_probs, never_output, 2 * ops.shape(log_probs)[1])
+                return values, indices, cache
 
             self._decoding_functions = (
                 compile_for_inference(self, encode),
                 compile_for_inference(self, step),
             )
         return self._decoding_functions
+
+    def generate_step(self, inputs, stop_token_ids=None):
+        """keras-hub's generation step, so that keras-hub's samplers run on
+        this model (`generate(..., sampler=keras_hub.samplers.TopKSampler())`).
+
+        The decoder prompt's positions are written into the key/value cache
+        in one pass, then `self.sampler` extends it one cached step at a
+        time, as keras-hub's own seq2seq models do. keras-hub's samplers have
+        no length penalty; the paper's beam search is `generate(...,
+        sampler="beam")`. As there, padding and start tokens are never
+        sampled.
+
+        Args:
+            inputs: a dict of `encoder_token_ids`, `encoder_padding_mask`,
+                `decoder_token_ids` and `decoder_padding_mask`; the decoder
+                padding mask marks the prompt, which the sampler keeps.
+            stop_token_ids: token ids that end an output.
+
+        Returns:
+            A dict of the generated `decoder_token_ids` and a
+            `decoder_padding_mask` that ends after the first stop token.
+        """
+        encoder_ids, encoder_mask = inputs["encoder_token_ids"], inputs["encoder_padding_mask"]
+        prompt, prompt_mask = inputs["decoder_token_ids"], inputs["decoder_padding_mask"]
+        batch_size, max_length = ops.shape(prompt)[0], ops.shape(prompt)[1]
+        cache = self.initial_cache(self.encode(encoder_ids, encoder_mask), max_length)
+        _, cache = self.call_decoder_with_cache(prompt, 0, cache, encoder_mask)
+        self_caches = [self_cache for self_cache, _ in cache]
+        cross_caches = [cross_cache for _, cross_cache in cache]
+        # As in `beam_search`, padding and start tokens are never outputs
+        # (a large negative number: keras-hub's samplers exponentiate logits).
+        never = np.maximum(self.never_output_bias(), -1e9)
+
+        def repeat_rows(x, rows):
+            # keras-hub's beam sampler runs `num_beams` rows a source.
+            return x if rows == batch_size else ops.repeat(x, rows // batch_size, axis=0)
+
+        def next(prompt, self_caches, index):
+            rows = ops.shape(prompt)[0]
+            cache = [
+                (self_cache, (repeat_rows(keys, rows), repeat_rows(values, rows)))
+                for self_cache, (keys, values) in zip(self_caches, cross_caches)
+            ]
+            token_ids = ops.slice(prompt, [0, index - 1], [rows, 1])
+            logits, cache = self.call_decoder_with_cache(
+                token_ids, index - 1, cache, repeat_rows(encoder_mask, rows)
+            )
+            logits = ops.cast(logits, "float32") + never
+            return logits, None, [self_cache for self_cache, _ in cache]
+
+        prompt_mask = ops.cast(prompt_mask, "bool")
+        generated = self.sampler(
+            next,
+            prompt,
+            cache=self_caches,
+            index=ops.min(ops.sum(ops.cast(prompt_mask, "int32"), axis=-1)),
+            mask=prompt_mask,
+            stop_token_ids=stop_token_ids,
+            model=self,
+        )
+        if stop_token_ids is None:
+            return {"decoder_token_ids": generated, "decoder_padding_mask": ops.ones_like(generated, "bool")}
+        is_stop = ops.zeros_like(generated, "bool")
+        for token_id in stop_token_ids:
+            is_stop = ops.logical_or(is_stop, ops.equal(generated, token_id))
+        is_stop = ops.cast(ops.logical_and(is_stop, ops.logical_not(prompt_mask)), "int32")
+        # Keep every position up to and including the first stop token.
+        after_stop = ops.cumsum(is_stop, axis=-1) - is_stop
+        return {"decoder_token_ids": generated, "decoder_padding_mask": ops.equal(after_stop, 0)}
+
+    def _generate_with_sampler(self, sources, sampler, max_length_offset, batch_size):
+        """Decodes token id sources with a keras-hub `Sampler`, through
+        keras-hub's compiled generate function and `generate_step`."""
+        from keras_transformer.decoding.beam import _round_up
+        from keras_transformer.decoding.beam import _special_ids
+
+        if getattr(self, "sampler", None) is not sampler:
+            self.sampler, self.generate_function = sampler, None
+        generate_function = self.make_generate_function()
+        pad_id, start_id, end_id = _special_ids(self)
+        limit = self.backbone.max_sequence_length
+        outputs = [[] for _ in sources]
+        rows = [i for i, ids in enumerate(sources) if ids]
+        for start in range(0, len(rows), batch_size):
+            batch = rows[start : start + batch_size]
+            source_length = _round_up(max(len(sources[i]) for i in batch), 8)
+            encoder_ids = np.full((len(batch), source_length), pad_id, "int32")
+            for row, i in enumerate(batch):
+                encoder_ids[row, : len(sources[i])] = sources[i]
+            max_length = min(_round_up(source_length + max_length_offset + 1, 8), limit)
+            prompt = np.full((len(batch), max_length), pad_id, "int32")
+            prompt[:, 0] = start_id
+            inputs = {
+                "encoder_token_ids": encoder_ids,
+                "encoder_padding_mask": encoder_ids != pad_id,
+                "decoder_token_ids": prompt,
+                "decoder_padding_mask": prompt != pad_id,
+            }
+            generated = generate_function(inputs, stop_token_ids=(end_id,))
+            ids = ops.convert_to_numpy(generated["decoder_token_ids"])
+            keep = ops.convert_to_numpy(generated["decoder_padding_mask"])
+            for row, i in enumerate(batch):
+                output = ids[row, 1:][keep[row, 1:]].tolist()
+                outputs[i] = output[:-1] if output and output[-1] == end_id else output
+        return outputs
 
     def generate(
         self,
@@ -218,7 +346,13 @@ class TransformerSeq2SeqLM(keras_hub.models.Seq2SeqLM):
         Args:
             inputs: a string or a list of strings (needs the preprocessor),
                 or a dict with `encoder_token_ids` and `encoder_padding_mask`.
-            sampler: `"beam"` (the paper) or `"greedy"`.
+            sampler: `"beam"` (the paper) or `"greedy"`, or a keras-hub
+                `Sampler` instance (such as `keras_hub.samplers.TopKSampler`),
+                which runs keras-hub's generate loop through `generate_step`:
+                no length penalty, outputs up to source length +
+                `max_length_offset` for the longest source of the batch,
+                and no scores (`beam_size`, `alpha`, `num_results` and
+                `return_scores` do not apply).
             beam_size: beams per source (the paper: 4).
             alpha: length penalty exponent (the paper: 0.6).
             max_length_offset: at most source length + this many output
@@ -234,8 +368,14 @@ class TransformerSeq2SeqLM(keras_hub.models.Seq2SeqLM):
             `(output, score)` pairs, best first. An empty or blank source
             gives an empty output.
         """
-        if sampler not in ("beam", "greedy"):
-            raise ValueError(f"Unknown sampler {sampler!r}; available: 'beam', 'greedy'.")
+        keras_hub_sampler = isinstance(sampler, keras_hub.samplers.Sampler)
+        if not keras_hub_sampler and sampler not in ("beam", "greedy"):
+            raise ValueError(
+                f"Unknown sampler {sampler!r}; available: 'beam', 'greedy', or a "
+                "keras_hub.samplers.Sampler instance."
+            )
+        if keras_hub_sampler and (num_results > 1 or return_scores):
+            raise ValueError("keras-hub samplers give no scores or n-best lists; use sampler='beam'.")
         if sampler == "greedy":
             beam_size, alpha = 1, 0.0
         if num_results > beam_size:
@@ -249,6 +389,13 @@ class TransformerSeq2SeqLM(keras_hub.models.Seq2SeqLM):
             sources = [row[m].tolist() for row, m in zip(ids, mask)]
         else:
             sources = self._tokenize_sources(texts)
+        decode = (lambda ids: ids) if from_ids else self._detokenize
+        if keras_hub_sampler:
+            outputs = [
+                decode(ids) if ids else ([] if from_ids else "")
+                for ids in self._generate_with_sampler(sources, sampler, max_length_offset, batch_size)
+            ]
+            return outputs[0] if single else outputs
         results = []
         for start in range(0, len(sources), batch_size):
             results.extend(
@@ -257,7 +404,6 @@ class TransformerSeq2SeqLM(keras_hub.models.Seq2SeqLM):
                     max_length_offset=max_length_offset, num_results=num_results,
                 )
             )
-        decode = (lambda ids: ids) if from_ids else self._detokenize
         empty = [] if from_ids else ""
         if num_results > 1 or return_scores:
             outputs = [[(decode(ids), score) for ids, score, _ in result] or [(empty, 0.0)] for result in results]
