@@ -82,3 +82,29 @@ def test_long_pairs_dropped_and_budget_checked(small_tokenizer):
         TokenBudgetBatches([[2, 5, 5, 5, 3]], [[2, 6, 3]], max_tokens=4)
     with pytest.raises(ValueError, match="No sentence pairs"):
         TokenBudgetBatches([], [])
+
+
+def test_batches_split_evenly_across_replicas_and_shard_across_processes(small_tokenizer, multi30k_train):
+    sources, targets = multi30k_train
+    encoder_ids, decoder_ids, _ = tokenize_pairs(sources[:4000], targets[:4000], small_tokenizer)
+    replicas, budget = 4, 512
+    batches = TokenBudgetBatches(encoder_ids, decoder_ids, max_tokens=budget, num_replicas=replicas, seed=0)
+    sizes = [len(batch) for batch in batches.batches]
+    assert all(size % replicas == 0 for size in sizes)
+    # Each replica's slice (the batch axis split evenly) keeps the per-replica budget.
+    assert batches.tokens_per_batch().max() <= replicas * budget
+    assert batches.tokens_per_batch().max() > 0.8 * replicas * budget
+    assert 4000 - sum(sizes) < replicas  # at most the last few pairs are left out
+
+    # Two processes: disjoint shares of the same size, together all but at most one batch.
+    shards = [
+        TokenBudgetBatches(encoder_ids, decoder_ids, max_tokens=budget, seed=3, num_shards=2, shard_index=i)
+        for i in range(2)
+    ]
+    assert len(shards[0]) == len(shards[1]) == len(shards[0].batches) // 2
+    for _ in range(2):  # a new share on every pass
+        seen = [[tuple(x["encoder_token_ids"][0]) + (x["encoder_token_ids"].shape,) for x, _, _ in shard] for shard in shards]
+        assert len(seen[0]) == len(seen[1]) == len(shards[0])
+        assert not set(seen[0]) & set(seen[1])
+    with pytest.raises(ValueError, match="shard_index"):
+        TokenBudgetBatches(encoder_ids, decoder_ids, num_shards=2, shard_index=2)

@@ -36,14 +36,25 @@ class TokenBudgetBatches:
             all but the first.
         max_tokens: the budget: at most this many source tokens and at most
             this many target tokens in a batch, padding included. It is per
-            replica: under a distribution strategy each replica gets batches
-            of this size.
+            replica: with `num_replicas` devices a batch holds up to
+            `num_replicas * max_tokens` tokens and each device gets at most
+            `max_tokens` of them.
         pad_to_multiple_of: round padded lengths up to a multiple of this.
             1 (the default) spends the least padding; larger values give
             fewer distinct batch shapes, which saves JAX and XLA compilations.
         pad_id: the padding token id.
         shuffle: shuffle the batch order on every pass.
         seed: seed of the shuffling.
+        num_replicas: devices that each batch is split across (JAX and
+            TensorFlow data parallelism split the batch axis): every batch
+            holds a multiple of this many pairs; the last few pairs that do
+            not fill one pair per device are left out.
+        num_shards: processes that train together (multi-host JAX or
+            TensorFlow, PyTorch DDP): each reads its own share of the
+            batches, the same number each, a new share on every pass.
+        shard_index: this process's share, from 0 to `num_shards - 1`.
+            `keras_transformer.distribution` gives all three
+            (`**strategy.batching()`).
 
     Example:
 
@@ -63,7 +74,14 @@ class TokenBudgetBatches:
         pad_id=0,
         shuffle=True,
         seed=None,
+        num_replicas=1,
+        num_shards=1,
+        shard_index=0,
     ):
+        if not 0 <= shard_index < num_shards:
+            raise ValueError(f"shard_index must be in [0, {num_shards}), got {shard_index}.")
+        if num_replicas < 1:
+            raise ValueError(f"num_replicas must be at least 1, got {num_replicas}.")
         if len(encoder_ids) != len(decoder_ids):
             raise ValueError(
                 f"{len(encoder_ids)} source sequences but {len(decoder_ids)} target sequences."
@@ -76,6 +94,8 @@ class TokenBudgetBatches:
         self.pad_to_multiple_of = int(pad_to_multiple_of)
         self.pad_id = pad_id
         self.shuffle = shuffle
+        self.num_replicas, self.num_shards, self.shard_index = int(num_replicas), int(num_shards), int(shard_index)
+        # Every process draws the same permutation, then takes its share.
         self._rng = np.random.default_rng(seed)
         source_lengths = np.array([len(ids) for ids in self.encoder_ids])
         # The decoder sees the target without its last token.
@@ -96,21 +116,28 @@ class TokenBudgetBatches:
         order = np.lexsort((self.target_lengths, self.source_lengths))
         padded_source = _round_up(self.source_lengths, self.pad_to_multiple_of)
         padded_target = _round_up(self.target_lengths, self.pad_to_multiple_of)
+        replicas, budget = self.num_replicas, self.max_tokens * self.num_replicas
         batches, current, source_max, target_max = [], [], 0, 0
         for index in order:
+            current.append(index)
             source_max = max(source_max, padded_source[index])
             target_max = max(target_max, padded_target[index])
-            size = len(current) + 1
-            if current and (size * source_max > self.max_tokens or size * target_max > self.max_tokens):
-                batches.append(np.array(current))
-                current = []
-                source_max, target_max = padded_source[index], padded_target[index]
-            current.append(index)
-        batches.append(np.array(current))
-        return batches
+            size = len(current)
+            if size > 1 and (size * source_max > budget or size * target_max > budget):
+                # Close the batch before this pair, with a multiple of
+                # `replicas` pairs: the longest few move to the next batch.
+                keep = (size - 1) // replicas * replicas
+                batches.append(np.array(current[:keep]))
+                current = current[keep:]
+                source_max, target_max = padded_source[current].max(), padded_target[current].max()
+        keep = len(current) // replicas * replicas
+        if keep:
+            batches.append(np.array(current[:keep]))
+        return [batch for batch in batches if len(batch)]
 
     def __len__(self):
-        return len(self.batches)
+        """Batches a pass gives this process (its shard)."""
+        return len(self.batches) // self.num_shards
 
     def _padded_lengths(self, batch):
         return (
@@ -155,8 +182,8 @@ class TokenBudgetBatches:
         return inputs, labels, (labels != self.pad_id).astype("float32")
 
     def __iter__(self):
-        order = self._rng.permutation(len(self.batches)) if self.shuffle else range(len(self.batches))
-        for i in order:
+        order = self._rng.permutation(len(self.batches)) if self.shuffle else np.arange(len(self.batches))
+        for i in order[self.shard_index :: self.num_shards][: len(self)]:
             yield self.batch(self.batches[i])
 
     def dataset(self, repeat=False):
@@ -174,6 +201,11 @@ class TokenBudgetBatches:
             tf.TensorSpec((None, None), tf.float32),
         )
         dataset = tf.data.Dataset.from_generator(self.__iter__, output_signature=signature)
+        # The batches are already this process's: tf.distribute must not
+        # shard them again (it still splits each batch across the devices).
+        options = tf.data.Options()
+        options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.OFF
+        dataset = dataset.with_options(options)
         if repeat:
             dataset = dataset.repeat()
         return dataset.prefetch(tf.data.AUTOTUNE)
@@ -219,6 +251,9 @@ def token_budget_batches(
     pad_to_multiple_of=1,
     shuffle=True,
     seed=None,
+    num_replicas=1,
+    num_shards=1,
+    shard_index=0,
 ):
     """Tokenizes string pairs and groups them into token-budget batches.
 
@@ -233,6 +268,8 @@ def token_budget_batches(
         pad_to_multiple_of: round padded lengths up to a multiple of this.
         shuffle: shuffle the batch order on every pass.
         seed: seed of the shuffling.
+        num_replicas, num_shards, shard_index: for training on several
+            devices or processes, see `TokenBudgetBatches`.
 
     Returns:
         A `TokenBudgetBatches`; `.dataset()` gives the `tf.data.Dataset`.
@@ -246,4 +283,7 @@ def token_budget_batches(
         pad_id=tokenizer.pad_token_id,
         shuffle=shuffle,
         seed=seed,
+        num_replicas=num_replicas,
+        num_shards=num_shards,
+        shard_index=shard_index,
     )

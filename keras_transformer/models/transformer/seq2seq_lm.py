@@ -101,6 +101,15 @@ class TransformerSeq2SeqLM(keras_hub.models.Seq2SeqLM):
             **kwargs,
         )
 
+    def train_step(self, *args, **kwargs):
+        # PyTorch processes launched together (keras_transformer.distribution)
+        # run Keras's step through DistributedDataParallel.
+        from keras_transformer import distribution
+
+        if distribution.torch_is_distributed():
+            return distribution.torch_ddp_train_step(self, *args, **kwargs)
+        return super().train_step(*args, **kwargs)
+
     @property
     def _pad_id(self):
         tokenizer = getattr(self.preprocessor, "tokenizer", None)
