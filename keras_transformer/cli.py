@@ -38,6 +38,12 @@ def _add_train(subparsers):
     p.add_argument("--bleu-sentences", type=int, default=200, help="val sentences for BLEU each epoch")
     p.add_argument("--limit", type=int, help="use only the first N training pairs")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--devices", type=int,
+                   help="train data-parallel on N devices (JAX, TensorFlow: of this process; "
+                        "PyTorch: launch with torchrun --nproc_per_node N); --max-tokens is per device")
+    p.add_argument("--multi-host", action="store_true",
+                   help="join a multi-machine job: JAX reads KERAS_DISTRIBUTION_* variables, "
+                        "TensorFlow TF_CONFIG, PyTorch torchrun's variables")
 
 
 def _add_evaluate(subparsers):
@@ -68,8 +74,19 @@ def _train(args):
         }.items()
         if value is not None
     }
+    strategy = None
+    if args.devices or args.multi_host:
+        import keras
+
+        from keras_transformer import distribution
+
+        if args.multi_host and keras.config.backend() == "jax":
+            distribution.initialize_multi_host()
+        strategy = distribution.data_parallel(devices=args.devices, multi_host=args.multi_host)
+        print(f"Training on {strategy.num_replicas} devices: {strategy}")
     train_multi30k(
         args.output_dir,
+        strategy=strategy,
         source=args.source,
         target=args.target,
         data_dir=args.data_dir,
@@ -89,7 +106,8 @@ def _train(args):
         seed=args.seed,
         **overrides,
     )
-    print(f"Saved the averaged model to {os.path.join(args.output_dir, 'model')}")
+    if strategy is None or strategy.process_index == 0:
+        print(f"Saved the averaged model to {os.path.join(args.output_dir, 'model')}")
 
 
 def _languages(model_path, args):

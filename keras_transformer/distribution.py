@@ -110,10 +110,12 @@ def data_parallel(devices=None, multi_host=False):
     model.
 
     Args:
-        devices: the devices of this process to use (JAX: device strings
-            such as `"cpu:0"` or `"gpu:0"` or `jax.Device`s; TensorFlow:
-            strings such as `"/gpu:0"`). Default: all of them. Not used on
-            PyTorch, where each process has one device.
+        devices: the devices of this process to use: a number (the first
+            N accelerators, or CPUs where there are none), or a list (JAX:
+            device strings such as `"gpu:0"`; TensorFlow: strings such as
+            `"/gpu:0"`). Default: all of them. On PyTorch each process has
+            one device and `torchrun --nproc_per_node N` sets the count; a
+            number here must agree with it.
         multi_host: TensorFlow: `MultiWorkerMirroredStrategy` from
             `TF_CONFIG` instead of `MirroredStrategy`; JAX: the global
             devices of a job joined by `initialize_multi_host`. PyTorch
@@ -123,9 +125,17 @@ def data_parallel(devices=None, multi_host=False):
         A `Strategy`.
     """
     backend = keras.config.backend()
+    count = devices if isinstance(devices, int) else None
+    if count is not None and count < 1:
+        raise ValueError(f"devices must be at least 1, got {count}.")
     if backend == "jax":
         import jax
 
+        if count is not None:
+            available = keras.distribution.list_devices()
+            if count > len(available):
+                raise ValueError(f"{count} devices asked for, but this process sees {len(available)}: {available}.")
+            devices = available[:count]
         if devices is None:
             devices = keras.distribution.list_devices()
         engine = keras.distribution.DataParallel(devices=devices)
@@ -141,6 +151,11 @@ def data_parallel(devices=None, multi_host=False):
             workers = len(resolver.cluster_spec().as_dict().get("worker", [])) or 1
             index = resolver.task_id or 0
         else:
+            if count is not None:
+                available = tf.config.list_logical_devices("GPU") or tf.config.list_logical_devices("CPU")
+                if count > len(available):
+                    raise ValueError(f"{count} devices asked for, but TensorFlow sees {len(available)}.")
+                devices = [d.name for d in available[:count]]
             engine = tf.distribute.MirroredStrategy(devices)
             workers, index = 1, 0
         return Strategy(backend, workers, index, engine.num_replicas_in_sync // workers, engine)
@@ -149,6 +164,11 @@ def data_parallel(devices=None, multi_host=False):
         import torch.distributed as dist
 
         world_size = int(os.environ.get("WORLD_SIZE", "1"))
+        if count is not None and count != world_size:
+            raise ValueError(
+                f"PyTorch trains with one process a device: launch {count} processes with "
+                f"`torchrun --nproc_per_node {count} ...` (this one is 1 of {world_size})."
+            )
         if world_size > 1 and not dist.is_initialized():
             if torch.cuda.is_available():
                 torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))

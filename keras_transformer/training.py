@@ -5,6 +5,7 @@
 `examples/train_multi30k.py` spells out the same steps.
 """
 
+import contextlib
 import json
 import math
 import os
@@ -28,15 +29,17 @@ from keras_transformer.schedules import paper_optimizer
 TOKENIZER_FILE = "tokenizer.spm"
 
 
-def _tokenizer(output_dir, texts, vocabulary_size, algorithm):
-    """Loads the run's tokenizer, or trains and saves it on the first start,
-    so that a resumed run keeps the same vocabulary."""
+def _tokenizer(output_dir, texts, vocabulary_size, algorithm, save=True):
+    """Loads the run's tokenizer, or trains (and with `save`, saves) it on
+    the first start, so that a resumed run keeps the same vocabulary."""
     path = os.path.join(output_dir, TOKENIZER_FILE)
     if os.path.exists(path):
         return TransformerTokenizer(proto=path)
     if algorithm == "wordpiece":
         raise ValueError("train_multi30k supports the SentencePiece algorithms 'bpe' and 'unigram'.")
     tokenizer = train_tokenizer(texts, vocabulary_size, algorithm)
+    if not save:
+        return tokenizer
     with open(path + ".partial", "wb") as f:
         f.write(tokenizer.proto)
     os.replace(path + ".partial", path)
@@ -66,6 +69,7 @@ def train_multi30k(
     seed=0,
     verbose="auto",
     extra_callbacks=(),
+    strategy=None,
     **config_overrides,
 ):
     """Trains a `TransformerSeq2SeqLM` on Multi30k and saves it as a preset.
@@ -106,6 +110,9 @@ def train_multi30k(
         seed: random seed.
         verbose: Keras `fit` verbosity.
         extra_callbacks: more Keras callbacks.
+        strategy: a `keras_transformer.distribution` strategy to train on
+            several devices or processes. `max_tokens` is then per device;
+            only process 0 writes checkpoints, logs and the model.
         **config_overrides: backbone arguments that replace the config's.
 
     Returns:
@@ -122,25 +129,32 @@ def train_multi30k(
     if validation_limit:
         val_sources, val_targets = val_sources[:validation_limit], val_targets[:validation_limit]
 
-    tokenizer = _tokenizer(output_dir, sources + targets, vocabulary_size, tokenizer_algorithm)
+    # Several processes: process 0 writes the run's files; the others train
+    # the same tokenizer (SentencePiece is deterministic) and keep their own
+    # backup for resuming.
+    chief = strategy is None or strategy.process_index == 0
+    batching = {} if strategy is None else strategy.batching()
+    tokenizer = _tokenizer(output_dir, sources + targets, vocabulary_size, tokenizer_algorithm, save=chief)
     backbone_config = {**CONFIGS[config], **config_overrides, "max_sequence_length": max_sequence_length}
-    backbone = TransformerBackbone(vocabulary_size=tokenizer.vocabulary_size(), **backbone_config)
+    with strategy.scope() if strategy else contextlib.nullcontext():
+        backbone = TransformerBackbone(vocabulary_size=tokenizer.vocabulary_size(), **backbone_config)
     preprocessor = TransformerSeq2SeqLMPreprocessor(
         tokenizer, encoder_sequence_length=max_sequence_length, decoder_sequence_length=max_sequence_length
     )
-    model = TransformerSeq2SeqLM(backbone, preprocessor)
-    model.compile(
-        optimizer=paper_optimizer(backbone.d_model, warmup_steps, learning_rate_scale),
-        label_smoothing=label_smoothing,
-    )
+    with strategy.scope() if strategy else contextlib.nullcontext():
+        model = TransformerSeq2SeqLM(backbone, preprocessor)
+        model.compile(
+            optimizer=paper_optimizer(backbone.d_model, warmup_steps, learning_rate_scale),
+            label_smoothing=label_smoothing,
+        )
 
     train_batches = token_budget_batches(
         sources, targets, tokenizer, max_tokens=max_tokens, max_length=max_sequence_length,
-        pad_to_multiple_of=pad_to_multiple_of, seed=seed,
+        pad_to_multiple_of=pad_to_multiple_of, seed=seed, **batching,
     )
     val_batches = token_budget_batches(
         val_sources, val_targets, tokenizer, max_tokens=max_tokens, max_length=max_sequence_length,
-        pad_to_multiple_of=pad_to_multiple_of, shuffle=False,
+        pad_to_multiple_of=pad_to_multiple_of, shuffle=False, **batching,
     )
     steps_per_epoch = len(train_batches)
     if steps:
@@ -167,20 +181,26 @@ def train_multi30k(
         "padding_fraction": round(train_batches.padding_fraction(), 4),
         "backend": keras.config.backend(),
     }
-    with open(os.path.join(output_dir, "run.json"), "w") as f:
-        json.dump(run_info, f, indent=2)
+    if strategy is not None:
+        run_info["devices"] = strategy.num_replicas
+    if chief:
+        with open(os.path.join(output_dir, "run.json"), "w") as f:
+            json.dump(run_info, f, indent=2)
 
-    callbacks = [keras.callbacks.BackupAndRestore(os.path.join(output_dir, "backup"))]
-    callbacks.append(KeepLastCheckpoints(os.path.join(output_dir, "checkpoints"), keep=keep_checkpoints))
-    if bleu_sentences:
+    backup = "backup" if chief else f"backup-process-{strategy.process_index}"
+    callbacks = [keras.callbacks.BackupAndRestore(os.path.join(output_dir, backup))]
+    if chief:
+        callbacks.append(KeepLastCheckpoints(os.path.join(output_dir, "checkpoints"), keep=keep_checkpoints))
+    if bleu_sentences and chief:
         callbacks.append(
             BleuEvaluation(val_sources[:bleu_sentences], val_targets[:bleu_sentences], sampler="greedy")
         )
-    callbacks += [
-        keras.callbacks.TensorBoard(os.path.join(output_dir, "logs")),
-        keras.callbacks.CSVLogger(os.path.join(output_dir, "history.csv"), append=True),
-        *extra_callbacks,
-    ]
+    if chief:
+        callbacks += [
+            keras.callbacks.TensorBoard(os.path.join(output_dir, "logs")),
+            keras.callbacks.CSVLogger(os.path.join(output_dir, "history.csv"), append=True),
+        ]
+    callbacks += list(extra_callbacks)
     history = model.fit(
         train_batches.dataset(repeat=True),
         validation_data=val_batches.dataset(),
@@ -189,6 +209,8 @@ def train_multi30k(
         callbacks=callbacks,
         verbose=verbose,
     )
+    if not chief:
+        return model, history
     checkpoints = list_checkpoints(os.path.join(output_dir, "checkpoints"))
     if len(checkpoints) > 1:
         average_checkpoints(model, checkpoints)
