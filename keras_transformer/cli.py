@@ -2,6 +2,7 @@
 
     keras-transformer train --source en --target de --output-dir runs/en-de
     keras-transformer evaluate runs/en-de/model --split test_2016_flickr
+    keras-transformer attention --preset runs/en-de/model "A man rides a bike." -o attention.png
 
 Run `keras-transformer COMMAND --help` for the options of each command.
 """
@@ -58,6 +59,29 @@ def _add_evaluate(subparsers):
     p.add_argument("--alpha", type=float, default=0.6, help="length penalty (default: 0.6)")
     p.add_argument("--limit", type=int, help="translate only the first N sentences")
     p.add_argument("--output", help="write the translations to this file")
+
+
+def _add_attention(subparsers):
+    p = subparsers.add_parser(
+        "attention", help="Plot attention maps per layer and head (the paper's Figures 3-5)."
+    )
+    p.add_argument("text", help="the source sentence")
+    p.add_argument("--preset", required=True, help="a preset directory (such as RUN/model) or preset name")
+    p.add_argument("--target", help="the translation to show (default: the model's greedy translation)")
+    p.add_argument("--kinds", default="encoder_self_attention,decoder_self_attention,cross_attention",
+                   help="comma-separated: encoder_self_attention, decoder_self_attention, cross_attention")
+    p.add_argument("-o", "--output", required=True, help="the picture to write (.png, .pdf, .svg)")
+
+
+def _attention(args):
+    from keras_transformer.models import TransformerSeq2SeqLM
+    from keras_transformer.visualization import attention_maps
+    from keras_transformer.visualization import plot_attention
+
+    model = TransformerSeq2SeqLM.from_preset(args.preset)
+    maps = attention_maps(model, args.text, args.target)
+    plot_attention(maps, args.output, kinds=args.kinds.split(","))
+    print(f"{maps['target']}\nWrote {args.output}")
 
 
 def _train(args):
@@ -152,8 +176,9 @@ def main(argv=None):
     subparsers = parser.add_subparsers(dest="command", required=True)
     _add_train(subparsers)
     _add_evaluate(subparsers)
+    _add_attention(subparsers)
     args = parser.parse_args(argv)
-    {"train": _train, "evaluate": _evaluate}[args.command](args)
+    {"train": _train, "evaluate": _evaluate, "attention": _attention}[args.command](args)
     return 0
 
 
