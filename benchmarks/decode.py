@@ -102,6 +102,7 @@ def worker(preset, data_dir, batch1_sentences, batch64_sentences):
 
     from keras_transformer.datasets import multi30k
     from keras_transformer.decoding.beam import beam_search
+    from keras_transformer.decoding.beam import pad_sources
     from keras_transformer.models import TransformerSeq2SeqLM
 
     model = TransformerSeq2SeqLM.from_preset(preset)
@@ -120,11 +121,8 @@ def worker(preset, data_dir, batch1_sentences, batch64_sentences):
         instance = keras_hub.samplers.GreedySampler() if sampler == "greedy" else keras_hub.samplers.BeamSampler(4)
 
         def translate(batch):
-            pad_id = model.preprocessor.tokenizer.pad_token_id
-            ids = np.full((len(batch), _round_up(max(map(len, batch)), 8)), pad_id, "int32")
-            for row, source in enumerate(batch):
-                ids[row, : len(source)] = source
-            inputs = {"encoder_token_ids": ids, "encoder_padding_mask": ids != pad_id}
+            ids, mask = pad_sources(batch, model.preprocessor.tokenizer.pad_token_id)
+            inputs = {"encoder_token_ids": ids, "encoder_padding_mask": mask}
             return model.generate(inputs, sampler=instance, batch_size=len(batch))
 
         return translate

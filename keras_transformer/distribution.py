@@ -131,16 +131,14 @@ def data_parallel(devices=None, multi_host=False):
     if backend == "jax":
         import jax
 
-        if count is not None:
+        if devices is None or count is not None:
             available = keras.distribution.list_devices()
-            if count > len(available):
+            if count is not None and count > len(available):
                 raise ValueError(f"{count} devices asked for, but this process sees {len(available)}: {available}.")
             devices = available[:count]
-        if devices is None:
-            devices = keras.distribution.list_devices()
         engine = keras.distribution.DataParallel(devices=devices)
         keras.distribution.set_distribution(engine)
-        local = len([d for d in jax.local_devices()]) if multi_host or devices is None else len(devices)
+        local = jax.local_device_count() if multi_host else len(devices)
         return Strategy(backend, jax.process_count(), jax.process_index(), local, engine)
     if backend == "tensorflow":
         import tensorflow as tf

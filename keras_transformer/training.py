@@ -136,12 +136,11 @@ def train_multi30k(
     batching = {} if strategy is None else strategy.batching()
     tokenizer = _tokenizer(output_dir, sources + targets, vocabulary_size, tokenizer_algorithm, save=chief)
     backbone_config = {**CONFIGS[config], **config_overrides, "max_sequence_length": max_sequence_length}
-    with strategy.scope() if strategy else contextlib.nullcontext():
-        backbone = TransformerBackbone(vocabulary_size=tokenizer.vocabulary_size(), **backbone_config)
     preprocessor = TransformerSeq2SeqLMPreprocessor(
         tokenizer, encoder_sequence_length=max_sequence_length, decoder_sequence_length=max_sequence_length
     )
     with strategy.scope() if strategy else contextlib.nullcontext():
+        backbone = TransformerBackbone(vocabulary_size=tokenizer.vocabulary_size(), **backbone_config)
         model = TransformerSeq2SeqLM(backbone, preprocessor)
         model.compile(
             optimizer=paper_optimizer(backbone.d_model, warmup_steps, learning_rate_scale),

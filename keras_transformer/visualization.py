@@ -46,22 +46,16 @@ def attention_maps(model, source, target=None):
     encoder_mask = np.ones_like(encoder_ids)
     decoder_mask = np.ones_like(decoder_ids)
 
-    maps = {kind: [] for kind in KINDS}
-    x = backbone.embed(encoder_ids, backbone.encoder_position, backbone.encoder_embeddings_dropout)
-    for layer in backbone.encoder_layers:
-        x, weights = layer(x, padding_mask=encoder_mask, return_attention_scores=True)
-        maps["encoder_self_attention"].append(weights)
-    if backbone.encoder_norm is not None:
-        x = backbone.encoder_norm(x)
-    y = backbone.embed(decoder_ids, backbone.decoder_position, backbone.decoder_embeddings_dropout)
-    for layer in backbone.decoder_layers:
-        y, scores = layer(
-            y, x, decoder_padding_mask=decoder_mask, encoder_padding_mask=encoder_mask, return_attention_scores=True
-        )
-        maps["decoder_self_attention"].append(scores["self_attention"])
-        maps["cross_attention"].append(scores["cross_attention"])
-    if backbone.decoder_norm is not None:
-        y = backbone.decoder_norm(y)
+    x, encoder_scores = backbone.encode(encoder_ids, encoder_mask, return_attention_scores=True)
+    y, decoder_scores = backbone.decode(
+        decoder_ids, x, decoder_padding_mask=decoder_mask, encoder_padding_mask=encoder_mask,
+        return_attention_scores=True,
+    )
+    maps = {
+        "encoder_self_attention": encoder_scores,
+        "decoder_self_attention": [scores["self_attention"] for scores in decoder_scores],
+        "cross_attention": [scores["cross_attention"] for scores in decoder_scores],
+    }
 
     def pieces(ids):
         return [str(tokenizer.id_to_token(int(i))) for i in ids]

@@ -130,10 +130,12 @@ class TokenBudgetBatches:
                 batches.append(np.array(current[:keep]))
                 current = current[keep:]
                 source_max, target_max = padded_source[current].max(), padded_target[current].max()
+        # The budget holds the longest pair (checked above), so every batch
+        # closed in the loop keeps at least `replicas` pairs.
         keep = len(current) // replicas * replicas
         if keep:
             batches.append(np.array(current[:keep]))
-        return [batch for batch in batches if len(batch)]
+        return batches
 
     def __len__(self):
         """Batches a pass gives this process (its shard)."""

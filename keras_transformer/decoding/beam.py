@@ -64,6 +64,17 @@ def best_extensions(logits, log_probs, never_output, count):
     return ops.top_k(ops.reshape(candidates, (batch, beams * vocabulary_size)), count)
 
 
+def pad_sources(sources, pad_id):
+    """Source token id lists as a padded batch: `(encoder_token_ids,
+    encoder_padding_mask)`, int32, the length rounded up to a multiple of 8
+    so that compiled functions are reused across batches."""
+    length = _round_up(max(len(ids) for ids in sources), 8)
+    encoder_ids = np.full((len(sources), length), pad_id, "int32")
+    for row, ids in enumerate(sources):
+        encoder_ids[row, : len(ids)] = ids
+    return encoder_ids, (encoder_ids != pad_id).astype("int32")
+
+
 def _grow_self_attention_cache(cache, length):
     """Zero-pads every self-attention key/value cache to `length` positions."""
 
@@ -119,11 +130,7 @@ def beam_search(model, sources, beam_size=4, alpha=0.6, max_length_offset=50, nu
     if not rows:
         return results
     batch, k = len(rows), beam_size
-    source_length = _round_up(max(len(sources[i]) for i in rows), 8)
-    encoder_ids = np.full((batch, source_length), pad_id, "int32")
-    for row, i in enumerate(rows):
-        encoder_ids[row, : len(sources[i])] = sources[i]
-    encoder_mask = (encoder_ids != pad_id).astype("int32")
+    encoder_ids, encoder_mask = pad_sources([sources[i] for i in rows], pad_id)
     limit = model.backbone.max_sequence_length
     # Output tokens allowed for each source (the start token takes a position).
     budgets = np.array([min(len(sources[i]) + max_length_offset, limit - 1) for i in rows])

@@ -206,14 +206,23 @@ class TransformerBackbone(keras_hub.models.Backbone):
         x = x + position_layer(x, start_index=start_index)
         return dropout_layer(x, training=training)
 
-    def encode(self, token_ids, padding_mask=None, training=None):
-        """The encoder stack: token ids to `(batch, source_length, d_model)`."""
+    def encode(self, token_ids, padding_mask=None, training=None, return_attention_scores=False):
+        """The encoder stack: token ids to `(batch, source_length, d_model)`.
+
+        With `return_attention_scores`, also a list of each layer's
+        self-attention weights, `(batch, heads, source_length, source_length)`.
+        """
         x = self.embed(
             token_ids, self.encoder_position, self.encoder_embeddings_dropout, training=training
         )
+        scores = []
         for layer in self.encoder_layers:
-            x = layer(x, padding_mask=padding_mask, training=training)
-        return x if self.encoder_norm is None else self.encoder_norm(x)
+            x = layer(x, padding_mask=padding_mask, training=training, return_attention_scores=return_attention_scores)
+            if return_attention_scores:
+                x, weights = x
+                scores.append(weights)
+        x = x if self.encoder_norm is None else self.encoder_norm(x)
+        return (x, scores) if return_attention_scores else x
 
     def decode(
         self,
@@ -222,20 +231,32 @@ class TransformerBackbone(keras_hub.models.Backbone):
         decoder_padding_mask=None,
         encoder_padding_mask=None,
         training=None,
+        return_attention_scores=False,
     ):
-        """The decoder stack on the whole target at once (teacher forcing)."""
+        """The decoder stack on the whole target at once (teacher forcing).
+
+        With `return_attention_scores`, also a list with each layer's
+        `{"self_attention": ..., "cross_attention": ...}` weights,
+        `(batch, heads, target_length, target_length | source_length)`.
+        """
         x = self.embed(
             token_ids, self.decoder_position, self.decoder_embeddings_dropout, training=training
         )
+        scores = []
         for layer in self.decoder_layers:
             x = layer(
                 x,
                 encoder_output,
                 decoder_padding_mask=decoder_padding_mask,
                 encoder_padding_mask=encoder_padding_mask,
+                return_attention_scores=return_attention_scores,
                 training=training,
             )
-        return x if self.decoder_norm is None else self.decoder_norm(x)
+            if return_attention_scores:
+                x, weights = x
+                scores.append(weights)
+        x = x if self.decoder_norm is None else self.decoder_norm(x)
+        return (x, scores) if return_attention_scores else x
 
     def get_config(self):
         config = super().get_config()

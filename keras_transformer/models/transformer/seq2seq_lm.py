@@ -308,6 +308,7 @@ class TransformerSeq2SeqLM(keras_hub.models.Seq2SeqLM):
         keras-hub's compiled generate function and `generate_step`."""
         from keras_transformer.decoding.beam import _round_up
         from keras_transformer.decoding.beam import _special_ids
+        from keras_transformer.decoding.beam import pad_sources
 
         if getattr(self, "sampler", None) is not sampler:
             self.sampler, self.generate_function = sampler, None
@@ -318,16 +319,13 @@ class TransformerSeq2SeqLM(keras_hub.models.Seq2SeqLM):
         rows = [i for i, ids in enumerate(sources) if ids]
         for start in range(0, len(rows), batch_size):
             batch = rows[start : start + batch_size]
-            source_length = _round_up(max(len(sources[i]) for i in batch), 8)
-            encoder_ids = np.full((len(batch), source_length), pad_id, "int32")
-            for row, i in enumerate(batch):
-                encoder_ids[row, : len(sources[i])] = sources[i]
-            max_length = min(_round_up(source_length + max_length_offset + 1, 8), limit)
+            encoder_ids, encoder_mask = pad_sources([sources[i] for i in batch], pad_id)
+            max_length = min(_round_up(encoder_ids.shape[1] + max_length_offset + 1, 8), limit)
             prompt = np.full((len(batch), max_length), pad_id, "int32")
             prompt[:, 0] = start_id
             inputs = {
                 "encoder_token_ids": encoder_ids,
-                "encoder_padding_mask": encoder_ids != pad_id,
+                "encoder_padding_mask": encoder_mask,
                 "decoder_token_ids": prompt,
                 "decoder_padding_mask": prompt != pad_id,
             }
