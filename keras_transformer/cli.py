@@ -1,5 +1,8 @@
 """The `keras-transformer` command line.
 
+    keras-transformer translate "A man is riding a bicycle."
+    keras-transformer translate --preset transformer_multi30k_de_en < input.de > output.en
+    keras-transformer presets
     keras-transformer train --source en --target de --output-dir runs/en-de
     keras-transformer evaluate runs/en-de/model --split test_2016_flickr
     keras-transformer attention --preset runs/en-de/model "A man rides a bike." -o attention.png
@@ -8,9 +11,15 @@ Run `keras-transformer COMMAND --help` for the options of each command.
 """
 
 import argparse
+import contextlib
 import json
 import os
 import sys
+
+DEFAULT_PRESET = "transformer_multi30k_en_de"
+
+# TensorFlow's C++ start-up messages would bury the command's own output.
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 
 def _add_train(subparsers):
@@ -66,7 +75,8 @@ def _add_attention(subparsers):
         "attention", help="Plot attention maps per layer and head (the paper's Figures 3-5)."
     )
     p.add_argument("text", help="the source sentence")
-    p.add_argument("--preset", required=True, help="a preset directory (such as RUN/model) or preset name")
+    p.add_argument("--preset", default=DEFAULT_PRESET,
+                   help=f"a preset name or directory such as RUN/model (default: {DEFAULT_PRESET})")
     p.add_argument("--target", help="the translation to show (default: the model's greedy translation)")
     p.add_argument("--kinds", default="encoder_self_attention,decoder_self_attention,cross_attention",
                    help="comma-separated: encoder_self_attention, decoder_self_attention, cross_attention")
@@ -135,8 +145,16 @@ def _train(args):
 
 
 def _languages(model_path, args):
-    run_info = os.path.join(os.path.dirname(os.path.abspath(model_path)), "run.json")
+    """The model's languages: --source/--target, else its metadata."""
+    from keras_transformer import presets
+
     source, target = args.source, args.target
+    metadata = os.path.join(presets.resolve(model_path), presets.METADATA_FILE)
+    if (source is None or target is None) and os.path.exists(metadata):
+        with open(metadata, encoding="utf-8") as f:
+            languages = json.load(f).get("languages", {})
+        source, target = source or languages.get("source"), target or languages.get("target")
+    run_info = os.path.join(os.path.dirname(os.path.abspath(model_path)), "run.json")
     if (source is None or target is None) and os.path.exists(run_info):
         with open(run_info) as f:
             info = json.load(f)
@@ -168,6 +186,82 @@ def _evaluate(args):
     print(f"chrF {scores['chrf']:.2f}  {scores['chrf_signature']}")
 
 
+def _add_translate(subparsers):
+    p = subparsers.add_parser(
+        "translate",
+        help="Translate sentences with a preset (default: English to German).",
+        description="Translate the TEXT arguments, or else the lines of --input or stdin, one "
+        "translation a line on stdout (or --output). Lines are translated in batches of similar "
+        "length; a progress bar goes to stderr when there are more than one batch.",
+    )
+    p.add_argument("text", nargs="*", help="sentences to translate (default: read lines from --input or stdin)")
+    p.add_argument("--preset", default=DEFAULT_PRESET,
+                   help=f"a preset name or directory (default: {DEFAULT_PRESET})")
+    p.add_argument("--beam-size", type=int, default=4, help="1 decodes greedily (default: 4)")
+    p.add_argument("--alpha", type=float, default=0.6, help="length penalty (default: 0.6)")
+    p.add_argument("--batch-size", type=int, default=64, help="sentences translated together (default: 64)")
+    p.add_argument("-i", "--input", help="a text file, one sentence a line (default: stdin)")
+    p.add_argument("-o", "--output", help="write the translations to this file (default: stdout)")
+
+
+def _translate(args):
+    from keras_transformer.models import TransformerSeq2SeqLM
+
+    if args.beam_size < 1:
+        raise SystemExit("error: --beam-size must be at least 1")
+    if args.text:
+        texts = args.text
+    else:
+        if args.input:
+            with open(args.input, encoding="utf-8") as f:
+                texts = f.read().splitlines()
+        else:
+            if sys.stdin.isatty():
+                print("Type sentences, one a line; end with Ctrl-D.", file=sys.stderr)
+            texts = sys.stdin.read().splitlines()
+    model = TransformerSeq2SeqLM.from_preset(args.preset)
+    decoding = dict(sampler="greedy") if args.beam_size == 1 else dict(beam_size=args.beam_size, alpha=args.alpha)
+    # The progress bar goes to stderr, so that stdout holds translations only.
+    verbose = 1 if len(texts) > args.batch_size else 0
+    with contextlib.redirect_stdout(sys.stderr):
+        translations = model.generate(texts, batch_size=args.batch_size, verbose=verbose, **decoding)
+    if args.output:
+        with open(args.output, "w", encoding="utf-8") as f:
+            f.write("".join(t + "\n" for t in translations))
+    else:
+        sys.stdout.write("".join(t + "\n" for t in translations))
+
+
+def _add_presets(subparsers):
+    p = subparsers.add_parser("presets", help="List the presets shipped with the package.")
+    p.add_argument("--json", action="store_true", help="print the full metadata as JSON")
+
+
+def _presets(args):
+    from keras_transformer import presets
+
+    shipped = presets.list_presets()
+    if args.json:
+        print(json.dumps(shipped, indent=2, ensure_ascii=False))
+        return
+    if not shipped:
+        print("No presets are installed.")
+        return
+    for name, info in shipped.items():
+        params = info.get("parameter_count")
+        params = f"{params / 1e6:.1f}M parameters" if params else "parameters unknown"
+        print(f"{name}  ({params}, {info['size_bytes'] / 2**20:.1f} MiB)")
+        if info.get("description"):
+            print(f"    {info['description']}")
+        decoding = info.get("decoding", {})
+        for split, score in info.get("scores", {}).items():
+            print(
+                f"    {split}: BLEU {score['bleu']:.1f}, lowercased {score['bleu_lowercase']:.1f}, "
+                f"chrF {score['chrf']:.1f} (beam {decoding.get('beam_size', '?')}, "
+                f"alpha {decoding.get('alpha', '?')})"
+            )
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(
         prog="keras-transformer",
@@ -177,8 +271,19 @@ def main(argv=None):
     _add_train(subparsers)
     _add_evaluate(subparsers)
     _add_attention(subparsers)
+    _add_translate(subparsers)
+    _add_presets(subparsers)
     args = parser.parse_args(argv)
-    {"train": _train, "evaluate": _evaluate, "attention": _attention}[args.command](args)
+    commands = {
+        "train": _train, "evaluate": _evaluate, "attention": _attention,
+        "translate": _translate, "presets": _presets,
+    }
+    from keras_transformer.presets import PresetError
+
+    try:
+        commands[args.command](args)
+    except PresetError as error:
+        raise SystemExit(f"error: {error}") from None
     return 0
 
 

@@ -57,18 +57,10 @@ def evaluate_translation(model, sources, references, batch_size=64, verbose=1, *
     Returns:
         `corpus_scores(...)`, plus the `translations` themselves.
     """
-    import keras
-
     sources, references = list(sources), list(references)
     if len(sources) != len(references):
         raise ValueError(f"{len(sources)} sources but {len(references)} references.")
-    progress = keras.utils.Progbar(len(sources), unit_name="sentence") if verbose else None
-    translations = []
-    for start in range(0, len(sources), batch_size):
-        batch = sources[start : start + batch_size]
-        translations.extend(model.generate(batch, batch_size=batch_size, **generate_kwargs))
-        if progress is not None:
-            progress.add(len(batch))
+    translations = model.generate(sources, batch_size=batch_size, verbose=verbose, **generate_kwargs)
     scores = corpus_scores(translations, references)
     scores["translations"] = translations
     return scores

@@ -213,5 +213,12 @@ def train_multi30k(
     checkpoints = list_checkpoints(os.path.join(output_dir, "checkpoints"))
     if len(checkpoints) > 1:
         average_checkpoints(model, checkpoints)
-    model.save_to_preset(os.path.join(output_dir, "model"))
+    model.save_to_preset(
+        os.path.join(output_dir, "model"),
+        metadata={
+            "languages": {"source": source, "target": target},
+            "data": run_info["data"],
+            "training": {**run_info, "averaged_checkpoints": len(checkpoints)},
+        },
+    )
     return model, history

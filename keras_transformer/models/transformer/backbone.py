@@ -9,12 +9,13 @@ from keras_transformer.layers.embedding import SharedTokenEmbedding
 from keras_transformer.layers.encoder import TransformerEncoderLayer
 from keras_transformer.layers.position import LearnedPositionEmbedding
 from keras_transformer.layers.position import SinusoidalPositionEncoding
+from keras_transformer.presets import PresetIO
 
 POSITION_ENCODINGS = ("sinusoidal", "learned")
 
 
 @keras.saving.register_keras_serializable(package="keras_transformer")
-class TransformerBackbone(keras_hub.models.Backbone):
+class TransformerBackbone(PresetIO, keras_hub.models.Backbone):
     """The Transformer encoder-decoder (section 3, Figure 1).
 
     Source and target token ids go through one shared embedding scaled by

@@ -12,11 +12,12 @@ from keras_transformer.models.transformer.backbone import TransformerBackbone
 from keras_transformer.models.transformer.seq2seq_lm_preprocessor import (
     TransformerSeq2SeqLMPreprocessor,
 )
+from keras_transformer.presets import PresetIO
 from keras_transformer.schedules import paper_optimizer
 
 
 @keras.saving.register_keras_serializable(package="keras_transformer")
-class TransformerSeq2SeqLM(keras_hub.models.Seq2SeqLM):
+class TransformerSeq2SeqLM(PresetIO, keras_hub.models.Seq2SeqLM):
     """A Transformer that translates: `fit` on sentence pairs, `generate`.
 
     The functional model maps the backbone's inputs to logits over the
@@ -347,6 +348,7 @@ class TransformerSeq2SeqLM(keras_hub.models.Seq2SeqLM):
         num_results=1,
         return_scores=False,
         batch_size=32,
+        verbose=0,
     ):
         """Translates sources with the key/value cache (section 6.1).
 
@@ -367,7 +369,9 @@ class TransformerSeq2SeqLM(keras_hub.models.Seq2SeqLM):
             num_results: hypotheses returned per source (beam search).
             return_scores: return `(output, score)` pairs, the score being
                 log P / lp for beam search and log P for greedy decoding.
-            batch_size: sources translated together.
+            batch_size: sources translated together; sources of similar
+                length are batched together.
+            verbose: 1 shows a progress bar (Keras's), 0 nothing.
 
         Returns:
             For string inputs, strings; for token ids, lists of ids. With
@@ -403,14 +407,21 @@ class TransformerSeq2SeqLM(keras_hub.models.Seq2SeqLM):
                 for ids in self._generate_with_sampler(sources, sampler, max_length_offset, batch_size)
             ]
             return outputs[0] if single else outputs
-        results = []
+        # Sources of similar length go together (less padding); the
+        # results come back in the order of the inputs.
+        order = sorted(range(len(sources)), key=lambda i: len(sources[i]))
+        results = [None] * len(sources)
+        progress = keras.utils.Progbar(len(sources), verbose=verbose, unit_name="sentence") if verbose else None
         for start in range(0, len(sources), batch_size):
-            results.extend(
-                beam_search(
-                    self, sources[start : start + batch_size], beam_size=beam_size, alpha=alpha,
-                    max_length_offset=max_length_offset, num_results=num_results,
-                )
+            batch = order[start : start + batch_size]
+            found = beam_search(
+                self, [sources[i] for i in batch], beam_size=beam_size, alpha=alpha,
+                max_length_offset=max_length_offset, num_results=num_results,
             )
+            for i, result in zip(batch, found):
+                results[i] = result
+            if progress is not None:
+                progress.add(len(batch))
         empty = [] if from_ids else ""
         if num_results > 1 or return_scores:
             outputs = [[(decode(ids), score) for ids, score, _ in result] or [(empty, 0.0)] for result in results]

@@ -6,10 +6,11 @@ import keras_hub
 from keras_transformer.models.transformer.backbone import INPUT_NAMES
 from keras_transformer.models.transformer.backbone import TransformerBackbone
 from keras_transformer.models.transformer.tokenizer import TransformerTokenizer
+from keras_transformer.presets import PresetIO
 
 
 @keras.saving.register_keras_serializable(package="keras_transformer")
-class TransformerSeq2SeqLMPreprocessor(keras_hub.models.Seq2SeqLMPreprocessor):
+class TransformerSeq2SeqLMPreprocessor(PresetIO, keras_hub.models.Seq2SeqLMPreprocessor):
     """Tokenizes source/target pairs for `TransformerSeq2SeqLM`.
 
     The source becomes `<s> source </s>`, padded to `encoder_sequence_length`;
@@ -51,6 +52,7 @@ class TransformerSeq2SeqLMPreprocessor(keras_hub.models.Seq2SeqLMPreprocessor):
 
     backbone_cls = TransformerBackbone
     tokenizer_cls = TransformerTokenizer
+    preset_needs = ("preprocessor",)
 
     def __init__(self, tokenizer, encoder_sequence_length=128, decoder_sequence_length=128, **kwargs):
         super().__init__(

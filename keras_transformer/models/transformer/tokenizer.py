@@ -16,6 +16,7 @@ import keras
 import keras_hub
 
 from keras_transformer.models.transformer.backbone import TransformerBackbone
+from keras_transformer.presets import PresetIO
 
 PAD, UNK, START, END = "<pad>", "<unk>", "<s>", "</s>"
 ALGORITHMS = ("bpe", "unigram", "wordpiece")
@@ -28,7 +29,7 @@ def _add_special_tokens(tokenizer):
 
 
 @keras.saving.register_keras_serializable(package="keras_transformer")
-class TransformerTokenizer(keras_hub.tokenizers.SentencePieceTokenizer):
+class TransformerTokenizer(PresetIO, keras_hub.tokenizers.SentencePieceTokenizer):
     """A SentencePiece tokenizer with the Transformer's special tokens.
 
     `<pad>` is id 0, `<unk>` 1, `<s>` (start) 2 and `</s>` (end) 3. Train
@@ -58,6 +59,7 @@ class TransformerTokenizer(keras_hub.tokenizers.SentencePieceTokenizer):
     """
 
     backbone_cls = TransformerBackbone
+    preset_needs = ("tokenizer",)
 
     def __init__(self, proto=None, **kwargs):
         _add_special_tokens(self)
@@ -132,7 +134,7 @@ def _train_sentencepiece(sentencepiece, texts, model, vocabulary_size, model_typ
 
 
 @keras.saving.register_keras_serializable(package="keras_transformer")
-class TransformerWordPieceTokenizer(keras_hub.tokenizers.WordPieceTokenizer):
+class TransformerWordPieceTokenizer(PresetIO, keras_hub.tokenizers.WordPieceTokenizer):
     """A WordPiece tokenizer with the Transformer's special tokens.
 
     The alternative to the default SentencePiece BPE. Its detokenization
@@ -146,6 +148,7 @@ class TransformerWordPieceTokenizer(keras_hub.tokenizers.WordPieceTokenizer):
     """
 
     backbone_cls = TransformerBackbone
+    preset_needs = ("tokenizer",)
 
     def __init__(self, vocabulary=None, **kwargs):
         _add_special_tokens(self)

@@ -1,0 +1,360 @@
+"""Presets: models saved by name or directory, and the ones this package ships.
+
+A preset is a directory as keras-hub writes it (`config.json`,
+`model.weights.h5`, `task.json`, `preprocessor.json`, `tokenizer.json`,
+`assets/tokenizer/vocabulary.spm`, `metadata.json`). Every `from_preset` of
+this package takes:
+
+- the name of a preset shipped inside the package (no network needed):
+  `TransformerSeq2SeqLM.from_preset("transformer_multi30k_en_de")`;
+- a local directory written by `save_to_preset`;
+- any handle keras-hub understands: `kaggle://owner/model/keras/variant`,
+  `hf://owner/model`, `gs://...` (upload one with `keras_hub.upload_preset`).
+
+`list_presets()` returns the shipped presets with their description, size and
+scores; `keras-transformer presets` prints them.
+
+This module also checks a preset before keras-hub reads it (an unknown name
+lists the shipped ones; a missing or corrupt file is named) and saves presets
+so that a save that fails halfway leaves the directory as it was.
+"""
+
+import contextlib
+import glob
+import json
+import os
+import shutil
+import tempfile
+import threading
+
+PRESETS_DIR = os.path.dirname(os.path.abspath(__file__))
+
+CONFIG_FILE = "config.json"
+METADATA_FILE = "metadata.json"
+WEIGHTS_FILE = "model.weights.h5"
+SHARDED_WEIGHTS_INDEX = "model.weights.json"
+TASK_FILE = "task.json"
+TASK_WEIGHTS_FILE = "task.weights.h5"
+PREPROCESSOR_FILE = "preprocessor.json"
+TOKENIZER_FILE = "tokenizer.json"
+ASSETS_DIR = "assets"
+# Everything a save writes: what an earlier save left and a new one does not
+# write again is removed, so that a directory never mixes two presets.
+PRESET_ENTRIES = (
+    CONFIG_FILE, METADATA_FILE, WEIGHTS_FILE, SHARDED_WEIGHTS_INDEX, TASK_FILE,
+    TASK_WEIGHTS_FILE, PREPROCESSOR_FILE, TOKENIZER_FILE, ASSETS_DIR,
+)
+
+
+class PresetError(ValueError):
+    """A preset that cannot be found or read; the message says which file."""
+
+
+def _shipped_directories():
+    if not os.path.isdir(PRESETS_DIR):
+        return {}
+    return {
+        name: os.path.join(PRESETS_DIR, name)
+        for name in sorted(os.listdir(PRESETS_DIR))
+        if os.path.isfile(os.path.join(PRESETS_DIR, name, CONFIG_FILE))
+    }
+
+
+def _read_metadata(directory):
+    path = os.path.join(directory, METADATA_FILE)
+    if not os.path.exists(path):
+        return {}
+    with open(path, encoding="utf-8") as f:
+        return json.load(f)
+
+
+def _size_on_disk(directory):
+    return sum(
+        os.path.getsize(os.path.join(root, name))
+        for root, _, names in os.walk(directory)
+        for name in names
+    )
+
+
+def list_presets():
+    """The presets shipped with the package, by name.
+
+    Returns:
+        A dict from preset name to its metadata (`description`,
+        `parameter_count`, `scores` per test set, `decoding`, `training`,
+        `data`, `languages`...), plus `size_bytes` (on disk) and `path`.
+
+    Example:
+
+    >>> from keras_transformer import presets
+    >>> for name, info in presets.list_presets().items():
+    ...     print(name, info["languages"])  # doctest: +SKIP
+    transformer_multi30k_de_en {'source': 'de', 'target': 'en'}
+    transformer_multi30k_en_de {'source': 'en', 'target': 'de'}
+    """
+    presets = {}
+    for name, directory in _shipped_directories().items():
+        info = _read_metadata(directory)
+        info["size_bytes"] = _size_on_disk(directory)
+        info["path"] = directory
+        presets[name] = info
+    return presets
+
+
+def keras_hub_registry():
+    """The shipped presets in the form of keras-hub's `backbone_presets`.
+
+    The `kaggle_handle` of each is its directory inside the package, so that
+    keras-hub resolves the name with no network.
+    """
+    return {
+        name: {
+            "metadata": {
+                "description": info.get("description", ""),
+                "params": info.get("parameter_count"),
+                "path": "transformer",
+            },
+            "kaggle_handle": info["path"],
+        }
+        for name, info in list_presets().items()
+    }
+
+
+def resolve(preset):
+    """The local directory of a shipped preset name, or `preset` unchanged."""
+    return _shipped_directories().get(preset, preset)
+
+
+def check(preset, needs=("config",), load_weights=True):
+    """Checks a preset before it is loaded, with errors that name the problem.
+
+    Remote handles (`kaggle://`, `hf://`, ...) are left to keras-hub.
+
+    Args:
+        preset: a shipped preset name, a local directory or a handle.
+        needs: what the caller loads: any of `"config"` (a backbone or
+            task), `"tokenizer"`, `"preprocessor"`.
+        load_weights: whether the weights will be read.
+
+    Raises:
+        PresetError: an unknown name, or a missing or corrupt file (named).
+        TypeError: `preset` is not a string or path.
+    """
+    if isinstance(preset, os.PathLike):
+        preset = os.fspath(preset)
+    if not isinstance(preset, str):
+        raise TypeError(f"A preset is a name, a directory or a handle (a string); got {type(preset).__name__}.")
+    if "://" in preset:
+        return
+    directory = resolve(preset)
+    if not os.path.exists(directory):
+        shipped = ", ".join(_shipped_directories()) or "none are installed"
+        raise PresetError(
+            f"Unknown preset {preset!r}: it is neither a preset shipped with "
+            f"keras_transformer ({shipped}) nor an existing directory. Use one of "
+            "those names, the directory you gave to `save_to_preset`, or a "
+            "kaggle:// or hf:// handle. `keras-transformer presets` lists the "
+            "shipped presets."
+        )
+    if not os.path.isdir(directory):
+        raise PresetError(f"Preset {preset!r} is a file; a preset is a directory written by `save_to_preset`.")
+    _check_directory(directory, needs, load_weights)
+
+
+def _check_directory(directory, needs, load_weights):
+    def path(name):
+        return os.path.join(directory, name)
+
+    required = []
+    if "config" in needs:
+        required.append(CONFIG_FILE)
+    if "tokenizer" in needs or "preprocessor" in needs:
+        required.append(TOKENIZER_FILE)
+    for name in required:
+        if not os.path.exists(path(name)):
+            raise PresetError(
+                f"The preset directory {directory!r} has no {name}: it is incomplete. "
+                "Save the model again with `save_to_preset`, or copy the whole directory."
+            )
+    configs = {}
+    for name in (CONFIG_FILE, TASK_FILE, PREPROCESSOR_FILE, TOKENIZER_FILE, METADATA_FILE):
+        if os.path.exists(path(name)):
+            configs[name] = _read_json(path(name))
+    if PREPROCESSOR_FILE in configs and TOKENIZER_FILE not in configs:
+        raise PresetError(
+            f"The preset directory {directory!r} has a {PREPROCESSOR_FILE} but no "
+            f"{TOKENIZER_FILE}: it is incomplete. Save the model again with `save_to_preset`."
+        )
+    if TOKENIZER_FILE in configs:
+        _check_tokenizer_assets(directory, configs[TOKENIZER_FILE])
+    if load_weights and "config" in needs:
+        _check_weights(directory)
+
+
+def _read_json(path):
+    try:
+        with open(path, encoding="utf-8") as f:
+            config = json.load(f)
+    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+        raise PresetError(
+            f"The preset file {path!r} is corrupt (not valid JSON: {error}). "
+            "Save the model again with `save_to_preset`, or copy the file again."
+        ) from error
+    if not isinstance(config, dict):
+        raise PresetError(f"The preset file {path!r} is corrupt: it holds no JSON object.")
+    return config
+
+
+def _check_weights(directory):
+    import h5py
+
+    index = os.path.join(directory, SHARDED_WEIGHTS_INDEX)
+    if os.path.exists(index):
+        files = sorted(set(_flatten(_read_json(index).get("weight_map", {}).values())))
+        files = [os.path.join(directory, name) for name in files]
+    else:
+        files = [os.path.join(directory, WEIGHTS_FILE)]
+    for weights in files:
+        if not os.path.exists(weights):
+            raise PresetError(
+                f"The preset directory {directory!r} has no weights file "
+                f"{os.path.basename(weights)}. Load it with `load_weights=False` for "
+                "random weights, or save the model again."
+            )
+        try:
+            with h5py.File(weights, "r") as f:
+                f.visit(lambda name: None)
+        except OSError as error:
+            raise PresetError(
+                f"The weights file {weights!r} is corrupt or truncated ({error}). "
+                "Copy the preset again or save the model again."
+            ) from error
+
+
+def _flatten(values):
+    for value in values:
+        if isinstance(value, list):
+            yield from value
+        else:
+            yield value
+
+
+def _check_tokenizer_assets(directory, tokenizer_config):
+    assets = os.path.join(directory, ASSETS_DIR, TOKENIZER_FILE.split(".")[0])
+    files = glob.glob(os.path.join(assets, "*"))
+    if not files:
+        raise PresetError(
+            f"The preset directory {directory!r} has a {TOKENIZER_FILE} but no "
+            f"vocabulary in {os.path.join(ASSETS_DIR, 'tokenizer')}/: it is incomplete. "
+            "Save the model again with `save_to_preset`."
+        )
+    class_name = tokenizer_config.get("class_name", "")
+    for file in files:
+        if file.endswith(".spm") and "WordPiece" not in class_name:
+            _check_sentencepiece(file)
+
+
+def _check_sentencepiece(file):
+    import sentencepiece
+
+    with open(file, "rb") as f:
+        proto = f.read()
+    sentencepiece.set_min_log_level(2)  # no INFO lines on stderr
+    try:
+        sentencepiece.SentencePieceProcessor(model_proto=proto)
+    except RuntimeError as error:
+        raise PresetError(
+            f"The vocabulary file {file!r} is corrupt (SentencePiece cannot read "
+            f"it: {error}). Copy the preset again or save the model again."
+        ) from error
+
+
+_saving = threading.local()
+
+
+@contextlib.contextmanager
+def saving(preset_dir, metadata=None):
+    """Writes a preset into a fresh directory, then moves it into place.
+
+    Yields the directory to write into. On success the written files replace
+    those of a preset already in `preset_dir` (other files there stay); if
+    writing fails, `preset_dir` is left exactly as it was and the partial
+    files are deleted. Nested saves (a task saving its backbone) write into
+    the outer save's directory.
+
+    Args:
+        preset_dir: where the preset goes.
+        metadata: a dict merged into `metadata.json` after the save.
+    """
+    if getattr(_saving, "active", False):
+        yield preset_dir
+        return
+    preset_dir = os.path.abspath(os.fspath(preset_dir))
+    if os.path.exists(preset_dir) and not os.path.isdir(preset_dir):
+        raise PresetError(f"Cannot save a preset to {preset_dir!r}: it is a file, not a directory.")
+    parent = os.path.dirname(preset_dir)
+    os.makedirs(parent, exist_ok=True)
+    staging = tempfile.mkdtemp(prefix=f".{os.path.basename(preset_dir)}.saving-", dir=parent)
+    _saving.active = True
+    try:
+        yield staging
+        if metadata:
+            _merge_metadata(staging, metadata)
+        _move_into_place(staging, preset_dir)
+    finally:
+        _saving.active = False
+        shutil.rmtree(staging, ignore_errors=True)
+
+
+def _merge_metadata(directory, metadata):
+    path = os.path.join(directory, METADATA_FILE)
+    current = _read_metadata(directory)
+    current.update(metadata)
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(current, f, indent=4, ensure_ascii=False)
+
+
+def _move_into_place(staging, preset_dir):
+    os.makedirs(preset_dir, exist_ok=True)
+    written = set(os.listdir(staging))
+    # Set the old preset's entries aside first, so that a failure while
+    # moving can put them back.
+    aside = tempfile.mkdtemp(prefix=f".{os.path.basename(preset_dir)}.previous-", dir=os.path.dirname(preset_dir))
+    moved_aside, moved_in = [], []
+    try:
+        for name in PRESET_ENTRIES + tuple(sorted(written - set(PRESET_ENTRIES))):
+            if os.path.lexists(os.path.join(preset_dir, name)) and (name in written or name in PRESET_ENTRIES):
+                os.replace(os.path.join(preset_dir, name), os.path.join(aside, name))
+                moved_aside.append(name)
+        for name in sorted(written):
+            os.replace(os.path.join(staging, name), os.path.join(preset_dir, name))
+            moved_in.append(name)
+    except BaseException:
+        for name in moved_in:
+            os.replace(os.path.join(preset_dir, name), os.path.join(staging, name))
+        for name in moved_aside:
+            os.replace(os.path.join(aside, name), os.path.join(preset_dir, name))
+        raise
+    finally:
+        shutil.rmtree(aside, ignore_errors=True)
+
+
+class PresetIO:
+    """`from_preset` and `save_to_preset` with the checks of this module.
+
+    Mixed into the backbone, tokenizer, preprocessor and task classes in
+    front of their keras-hub base: loading checks the preset first (see
+    `check`), saving goes through `saving`, and `save_to_preset` takes a
+    `metadata` dict to record in `metadata.json`.
+    """
+
+    preset_needs = ("config",)
+
+    @classmethod
+    def from_preset(cls, preset, *args, **kwargs):
+        check(preset, cls.preset_needs, kwargs.get("load_weights", True))
+        return super().from_preset(resolve(os.fspath(preset)), *args, **kwargs)
+
+    def save_to_preset(self, preset_dir, *args, metadata=None, **kwargs):
+        with saving(preset_dir, metadata) as directory:
+            super().save_to_preset(directory, *args, **kwargs)

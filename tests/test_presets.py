@@ -1,0 +1,181 @@
+"""Presets: save and load round trips, fine-tuning, the checks on bad
+presets, saves that fail halfway, and the command line."""
+
+import json
+import os
+
+import keras
+import numpy as np
+import pytest
+
+from keras_transformer import cli
+from keras_transformer import presets
+from keras_transformer.models import TransformerBackbone
+from keras_transformer.models import TransformerSeq2SeqLM
+from keras_transformer.models import TransformerSeq2SeqLMPreprocessor
+from keras_transformer.models import TransformerTokenizer
+from keras_transformer.presets import PresetError
+
+from helpers import to_numpy
+
+SOURCES = ["Ein Hund läuft über die Wiese.", "Zwei Männer spielen Fußball.", "Eine Frau liest."]
+TARGETS = ["A dog runs across the meadow.", "Two men play soccer.", "A woman reads."]
+
+
+def tiny_model(tokenizer):
+    backbone = TransformerBackbone(
+        tokenizer.vocabulary_size(), num_layers=1, d_model=32, d_ff=64, num_heads=2,
+        dropout=0.0, max_sequence_length=48,
+    )
+    return TransformerSeq2SeqLM(backbone, TransformerSeq2SeqLMPreprocessor(tokenizer, 24, 24))
+
+
+def logits(model, texts):
+    inputs, _, _ = model.preprocessor({"encoder_text": texts, "decoder_text": TARGETS[: len(texts)]})
+    return to_numpy(model(inputs))
+
+
+@pytest.fixture
+def saved(small_tokenizer, tmp_path):
+    model = tiny_model(small_tokenizer)
+    model.save_to_preset(tmp_path / "preset", metadata={"languages": {"source": "de", "target": "en"}})
+    return model, str(tmp_path / "preset")
+
+
+def test_round_trip_and_fine_tuning(saved, tmp_path):
+    model, directory = saved
+    loaded = TransformerSeq2SeqLM.from_preset(directory)
+    np.testing.assert_allclose(logits(loaded, SOURCES), logits(model, SOURCES), atol=1e-6)
+    assert loaded.generate(SOURCES, sampler="greedy") == model.generate(SOURCES, sampler="greedy")
+    with open(os.path.join(directory, "metadata.json")) as f:
+        metadata = json.load(f)
+    assert metadata["languages"] == {"source": "de", "target": "en"}
+    assert metadata["parameter_count"] == model.backbone.count_params()
+
+    # Each part loads on its own.
+    backbone = TransformerBackbone.from_preset(directory)
+    for mine, theirs in zip(backbone.weights, model.backbone.weights):
+        np.testing.assert_array_equal(to_numpy(mine), to_numpy(theirs))
+    tokenizer = TransformerTokenizer.from_preset(directory)
+    assert to_numpy(tokenizer.tokenize(SOURCES[0])).tolist() == to_numpy(
+        model.preprocessor.tokenizer.tokenize(SOURCES[0])
+    ).tolist()
+    preprocessor = TransformerSeq2SeqLMPreprocessor.from_preset(directory)
+    assert preprocessor.encoder_sequence_length == 24
+
+    # Fine-tune, save over the same directory, load: the fine-tuned weights.
+    loaded.compile(optimizer=keras.optimizers.Adam(1e-2))
+    before = logits(loaded, SOURCES)
+    loaded.fit({"encoder_text": SOURCES, "decoder_text": TARGETS}, batch_size=3, epochs=3, verbose=0)
+    after = logits(loaded, SOURCES)
+    assert np.abs(after - before).max() > 1e-2
+    loaded.save_to_preset(directory)
+    again = TransformerSeq2SeqLM.from_preset(directory)
+    np.testing.assert_allclose(logits(again, SOURCES), after, atol=1e-6)
+    assert again.generate(SOURCES) == loaded.generate(SOURCES)
+
+
+def test_unknown_preset_lists_the_shipped_ones():
+    with pytest.raises(PresetError, match="Unknown preset 'transformer_multi30k_xx'") as error:
+        TransformerSeq2SeqLM.from_preset("transformer_multi30k_xx")
+    for name in presets.list_presets():
+        assert name in str(error.value)
+    with pytest.raises(PresetError, match="keras-transformer presets"):
+        TransformerTokenizer.from_preset("no/such/directory")
+    with pytest.raises(TypeError, match="a string"):
+        TransformerBackbone.from_preset(3)
+
+
+@pytest.mark.parametrize(
+    "damage, cls, named",
+    [
+        ("remove config.json", TransformerSeq2SeqLM, "config.json"),
+        ("remove model.weights.h5", TransformerSeq2SeqLM, "model.weights.h5"),
+        ("remove assets/tokenizer/vocabulary.spm", TransformerSeq2SeqLM, "vocabulary"),
+        ("remove tokenizer.json", TransformerSeq2SeqLMPreprocessor, "tokenizer.json"),
+        ("corrupt config.json", TransformerSeq2SeqLM, "config.json"),
+        ("corrupt task.json", TransformerSeq2SeqLM, "task.json"),
+        ("corrupt tokenizer.json", TransformerTokenizer, "tokenizer.json"),
+        ("truncate model.weights.h5", TransformerBackbone, "model.weights.h5"),
+        ("corrupt assets/tokenizer/vocabulary.spm", TransformerTokenizer, "vocabulary.spm"),
+    ],
+)
+def test_a_damaged_preset_names_the_file(saved, damage, cls, named):
+    _, directory = saved
+    action, name = damage.split(" ")
+    path = os.path.join(directory, name)
+    if action == "remove":
+        os.remove(path)
+    elif action == "truncate":
+        with open(path, "r+b") as f:
+            f.truncate(os.path.getsize(path) // 2)
+    else:
+        with open(path, "wb") as f:
+            f.write(b"\x00{ not json or a model" * 10)
+    with pytest.raises(PresetError, match=named.replace(".", r"\.")):
+        cls.from_preset(directory)
+
+
+def test_a_failed_save_leaves_the_preset_as_it_was(saved, monkeypatch, tmp_path):
+    model, directory = saved
+    with open(os.path.join(directory, "NOTES.txt"), "w") as f:
+        f.write("the user's own file")
+
+    def contents():
+        found = {}
+        for root, _, names in os.walk(directory):
+            for name in names:
+                with open(os.path.join(root, name), "rb") as f:
+                    found[os.path.relpath(os.path.join(root, name), directory)] = f.read()
+        return found
+
+    before = contents()
+    other = tiny_model(model.preprocessor.tokenizer)
+
+    def fail(*args, **kwargs):
+        raise OSError("disk full")
+
+    # Fails after config.json and the weights were written.
+    monkeypatch.setattr(TransformerSeq2SeqLMPreprocessor, "save_to_preset", fail)
+    with pytest.raises(OSError, match="disk full"):
+        other.save_to_preset(directory)
+    assert contents() == before
+    assert sorted(os.listdir(tmp_path)) == ["preset"]  # no staging left
+    monkeypatch.undo()
+
+    # A save that succeeds replaces the preset and keeps the user's file.
+    other.save_to_preset(directory)
+    after = contents()
+    assert after["NOTES.txt"] == before["NOTES.txt"]
+    assert after["model.weights.h5"] != before["model.weights.h5"]
+    assert sorted(os.listdir(tmp_path)) == ["preset"]
+    loaded = TransformerSeq2SeqLM.from_preset(directory)
+    np.testing.assert_allclose(logits(loaded, SOURCES), logits(other, SOURCES), atol=1e-6)
+
+    # A backbone saved alone over a task preset: the task's files go.
+    other.backbone.save_to_preset(directory)
+    assert not os.path.exists(os.path.join(directory, "task.json"))
+    assert os.path.exists(os.path.join(directory, "NOTES.txt"))
+    with pytest.raises(PresetError, match="is a file"):
+        other.save_to_preset(os.path.join(directory, "NOTES.txt"))
+
+
+def test_cli_translate_and_presets(saved, capsys, tmp_path):
+    model, directory = saved
+    expected = model.generate(SOURCES + [""], beam_size=2, alpha=0.6)
+    cli.main(["translate", "--preset", directory, "--beam-size", "2", *SOURCES, ""])
+    assert capsys.readouterr().out == "".join(t + "\n" for t in expected)
+
+    source_file, output = tmp_path / "in.txt", tmp_path / "out.txt"
+    source_file.write_text("\n".join(SOURCES * 3) + "\n", encoding="utf-8")
+    cli.main(["translate", "--preset", directory, "--beam-size", "1", "--batch-size", "2",
+              "-i", str(source_file), "-o", str(output)])
+    greedy = model.generate(SOURCES, sampler="greedy")
+    assert output.read_text(encoding="utf-8").splitlines() == greedy * 3
+
+    with pytest.raises(SystemExit, match="Unknown preset"):
+        cli.main(["translate", "--preset", str(tmp_path / "missing"), "Hallo."])
+
+    cli.main(["presets", "--json"])
+    listed = json.loads(capsys.readouterr().out)
+    assert listed.keys() == presets.list_presets().keys()
