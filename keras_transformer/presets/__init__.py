@@ -356,5 +356,21 @@ class PresetIO:
         return super().from_preset(resolve(os.fspath(preset)), *args, **kwargs)
 
     def save_to_preset(self, preset_dir, *args, metadata=None, **kwargs):
+        backbone = getattr(self, "backbone", self)
+        if hasattr(backbone, "count_params"):  # a model, which writes metadata.json
+            metadata = {"tasks": _task_names(type(backbone)), **(metadata or {})}
         with saving(preset_dir, metadata) as directory:
             super().save_to_preset(directory, *args, **kwargs)
+
+
+def _task_names(backbone_cls):
+    # keras-hub lists the tasks of a backbone by each task class's first
+    # base, which is `PresetIO` here: name the keras-hub bases instead.
+    from keras_hub.src.models.task import Task
+    from keras_hub.src.utils.preset_utils import list_subclasses
+
+    return sorted({
+        base.__name__
+        for task in list_subclasses(Task) if getattr(task, "backbone_cls", None) is backbone_cls
+        for base in task.__bases__ if base is not PresetIO
+    })

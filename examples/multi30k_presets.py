@@ -1,0 +1,159 @@
+"""Train and package the Multi30k presets shipped with keras_transformer.
+
+The shipped presets `transformer_multi30k_en_de` and
+`transformer_multi30k_de_en` come from these two commands (from the
+repository root; a run that is killed resumes when the command is repeated):
+
+    KERAS_BACKEND=torch python examples/multi30k_presets.py train --pair en-de \\
+        --data-dir PATH/TO/multi30k --run-dir runs/multi30k-en-de
+    python examples/multi30k_presets.py package --pair en-de \\
+        --data-dir PATH/TO/multi30k --run-dir runs/multi30k-en-de
+
+`train` is `keras-transformer train` with the settings below: the paper's
+recipe (shared BPE vocabulary, batches of about 4,096 tokens grouped by
+length, Adam(0.9, 0.98, 1e-9) with warm-up, label smoothing 0.1, the last 5
+checkpoints averaged) on a 3+3-layer, d_model 256 model sized for a CPU,
+with dropout 0.3 for the small corpus. `package` scores the averaged model
+with sacreBLEU on test_2016_flickr and test_2017_flickr (beam 4, alpha 0.6,
+as in the paper), and writes the preset, weights stored in float16, into
+`keras_transformer/presets/NAME/` with its training command, data terms and
+scores in `metadata.json`.
+"""
+
+import argparse
+import glob
+import json
+import os
+import platform
+import shutil
+import tempfile
+
+PAIRS = {"en-de": ("en", "de"), "de-en": ("de", "en"), "en-fr": ("en", "fr")}
+SETTINGS = dict(
+    config="small", dropout=0.3, vocabulary_size=8000, max_tokens=4096, epochs=30,
+    warmup_steps=800, keep_checkpoints=5, bleu_sentences=200, seed=0,
+)
+DECODING = dict(beam_size=4, alpha=0.6, max_length_offset=50)
+TEST_SPLITS = ("test_2016_flickr", "test_2017_flickr")
+DATA_TERMS = (
+    "Multi30k (Elliott et al., 2016, 'Multi30K: Multilingual English-German Image "
+    "Descriptions') is derived from Flickr30K and licensed for non-commercial research "
+    "and educational use only; so are these weights."
+)
+PACKAGE_PRESETS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "keras_transformer", "presets")
+
+
+def preset_name(pair):
+    return "transformer_multi30k_" + pair.replace("-", "_")
+
+
+def train_command(pair):
+    source, target = PAIRS[pair]
+    options = " ".join(
+        f"--{key.replace('_', '-')} {value}" for key, value in SETTINGS.items() if key != "config"
+    )
+    return (
+        f"keras-transformer train --source {source} --target {target} --config {SETTINGS['config']} "
+        f"{options} --data-dir DATA --output-dir RUN"
+    )
+
+
+def train(args):
+    from keras_transformer.training import train_multi30k
+
+    source, target = PAIRS[args.pair]
+    train_multi30k(args.run_dir, source=source, target=target, data_dir=args.data_dir, **SETTINGS)
+
+
+def training_hours(run_dir):
+    """Wall time of the run from its TensorBoard logs: for each time the
+    run was started (one event file each), the time to its last finished
+    epoch; epochs cut off by a kill are not counted."""
+    from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
+
+    seconds = 0.0
+    for events in sorted(glob.glob(os.path.join(run_dir, "logs", "train", "events.out.tfevents.*"))):
+        records = list(EventFileLoader(events).Load())
+        epochs = [r.wall_time for r in records if any(v.tag == "epoch_loss" for v in r.summary.value)]
+        if epochs:
+            seconds += epochs[-1] - records[0].wall_time
+    return round(seconds / 3600, 2)
+
+
+def package(args):
+    import keras
+
+    from keras_transformer.datasets import multi30k
+    from keras_transformer.metrics import evaluate_translation
+    from keras_transformer.models import TransformerSeq2SeqLM
+
+    source, target = PAIRS[args.pair]
+    name = preset_name(args.pair)
+    with open(os.path.join(args.run_dir, "run.json")) as f:
+        run = json.load(f)
+    model = TransformerSeq2SeqLM.from_preset(os.path.join(args.run_dir, "model"))
+
+    # float16 halves the file; the scores below are those of these weights,
+    # loaded back into a float32 model as every user loads them.
+    staging = tempfile.mkdtemp()
+    try:
+        compact = TransformerSeq2SeqLM.from_preset(os.path.join(args.run_dir, "model"), dtype="float16")
+        compact.save_to_preset(staging)
+        model = TransformerSeq2SeqLM.from_preset(staging)
+        scores, greedy = {}, {}
+        for split in TEST_SPLITS:
+            sources, references = multi30k.load(split, source, target, args.data_dir)
+            sources, references = sources[: args.limit], references[: args.limit]
+            for kind, decoding, table in (("beam", DECODING, scores), ("greedy", dict(sampler="greedy"), greedy)):
+                result = evaluate_translation(model, sources, references, batch_size=64, **decoding)
+                table[split] = {key: value for key, value in result.items() if key != "translations"}
+                print(f"{name} {split} {kind}: BLEU {result['bleu']:.2f}, lowercased "
+                      f"{result['bleu_lowercase']:.2f}, chrF {result['chrf']:.2f}")
+        languages = {"en": "English", "de": "German", "fr": "French"}
+        metadata = {
+            "description": (
+                f"Transformer (3+3 layers, d_model 256, 4 heads, d_ff 1024, shared 8,000-token BPE "
+                f"vocabulary) trained on Multi30k {languages[source]} to {languages[target]}; "
+                f"test_2016_flickr BLEU {scores['test_2016_flickr']['bleu']:.1f} "
+                f"(lowercased {scores['test_2016_flickr']['bleu_lowercase']:.1f}), beam 4."
+            ),
+            "languages": {"source": source, "target": target},
+            "data": f"Multi30k task 1 train split, {source}-{target}, 29,000 sentence pairs",
+            "data_terms": DATA_TERMS,
+            "training": {
+                "command": train_command(args.pair),
+                "example": f"python examples/multi30k_presets.py train --pair {args.pair} --data-dir DATA --run-dir RUN",
+                "settings": run,
+                "steps": run["epochs"] * run["steps_per_epoch"],
+                "averaged_checkpoints": run["keep_checkpoints"],
+                "wall_time_hours": training_hours(args.run_dir),
+                "hardware": args.hardware or f"{os.cpu_count()}-core {platform.machine()} CPU, no GPU",
+                "backend": run["backend"],
+            },
+            "weights_dtype": "float16",
+            "decoding": DECODING,
+            "scores": scores,
+            "greedy_scores": greedy,
+            "keras_version": keras.version(),
+        }
+        compact.save_to_preset(os.path.join(args.output_root, name), metadata=metadata)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    print(f"Wrote {os.path.join(args.output_root, name)}")
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("step", choices=["train", "package"])
+    parser.add_argument("--pair", choices=sorted(PAIRS), default="en-de")
+    parser.add_argument("--data-dir", default=os.environ.get("KERAS_TRANSFORMER_MULTI30K"))
+    parser.add_argument("--run-dir", required=True, help="the training run's directory")
+    parser.add_argument("--output-root", default=PACKAGE_PRESETS, help="where `package` writes the preset")
+    parser.add_argument("--hardware", help="what trained the run, for the metadata")
+    parser.add_argument("--limit", type=int, help="score only the first N test sentences (a smoke test)")
+    args = parser.parse_args()
+    {"train": train, "package": package}[args.step](args)
+
+
+if __name__ == "__main__":
+    main()
