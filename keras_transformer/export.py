@@ -1,0 +1,334 @@
+"""Export to a TensorFlow SavedModel that translates strings.
+
+The SavedModel holds the whole translation: SentencePiece tokenization
+(tensorflow-text), the encoder, beam search with the key/value cache and the
+length penalty of paper section 6.1 (beam size and alpha fixed at export, at
+most source length + `max_length_offset` output tokens), and detokenization.
+It loads with `tf.saved_model.load` or TensorFlow Serving, with TensorFlow
+and tensorflow-text installed and neither Keras nor this package:
+
+    import tensorflow as tf
+    import tensorflow_text  # registers the SentencePiece ops
+
+    translator = tf.saved_model.load("exported/en-de")
+    translator.signatures["serving_default"](tf.constant(["A dog runs."]))
+    # {"translations": <tf.Tensor: [b"Ein Hund rennt."]>}
+
+Signatures:
+
+- `serving_default`: `text` (1-D strings) -> `translations` (1-D strings).
+- `translate_ids`: `text` -> `token_ids` (int32 `(batch, length)`, padded
+  with the padding id, no start or end token), `lengths` (int32
+  `(batch,)`) and `scores` (float32 `(batch,)`, log P / lp).
+
+The beam search here is `keras_transformer.decoding.beam.beam_search` as one
+`tf.while_loop`, written with the same rules in the same order, so that the
+SavedModel gives the package's own translations. An empty or blank text
+gives an empty translation (score 0); a text longer than the model's
+`max_sequence_length` fails with an error naming the limit.
+
+Export runs through TensorFlow: under another backend, `export_saved_model`
+runs itself in a TensorFlow subprocess (weights are portable).
+"""
+
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+
+import keras
+import tensorflow as tf
+import tensorflow_text as tf_text
+
+from keras_transformer.decoding.beam import _special_ids
+
+
+def export_saved_model(model, export_dir, beam_size=4, alpha=0.6, max_length_offset=50, overwrite=False):
+    """Writes a SavedModel that translates strings (see the module docstring).
+
+    Args:
+        model: a `TransformerSeq2SeqLM` with a preprocessor, or a preset name
+            or directory.
+        export_dir: the SavedModel's directory.
+        beam_size: beams per source (1: greedy decoding).
+        alpha: length penalty exponent.
+        max_length_offset: at most source length + this many output tokens.
+        overwrite: replace an existing non-empty `export_dir`; without it
+            such a directory is an error and stays as it is.
+
+    Returns:
+        `export_dir`.
+
+    Raises:
+        FileExistsError: `export_dir` is not empty and `overwrite` is False.
+
+    A failed export leaves nothing behind, and an existing export is only
+    replaced once the new one is complete.
+    """
+    if beam_size < 1:
+        raise ValueError(f"beam_size must be at least 1, got {beam_size}.")
+    if alpha < 0:
+        raise ValueError(f"alpha must be >= 0, got {alpha}.")
+    export_dir = os.path.abspath(os.fspath(export_dir))
+    if os.path.isfile(export_dir):
+        raise FileExistsError(f"{export_dir!r} is a file; give a directory for the SavedModel.")
+    if os.path.isdir(export_dir) and os.listdir(export_dir) and not overwrite:
+        raise FileExistsError(
+            f"{export_dir!r} is not empty. Choose another directory, or pass "
+            "overwrite=True (--overwrite) to replace what is there."
+        )
+    parent = os.path.dirname(export_dir)
+    os.makedirs(parent, exist_ok=True)
+    staging = tempfile.mkdtemp(prefix=f".{os.path.basename(export_dir)}.exporting-", dir=parent)
+    try:
+        saved_model = os.path.join(staging, "saved_model")
+        if keras.config.backend() == "tensorflow":
+            model = _load(model)
+            _write(model, saved_model, beam_size, alpha, max_length_offset)
+        else:
+            _write_in_tensorflow_process(model, saved_model, staging, beam_size, alpha, max_length_offset)
+        _replace(saved_model, export_dir)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return export_dir
+
+
+def _load(model):
+    from keras_transformer.models import TransformerSeq2SeqLM
+
+    if isinstance(model, TransformerSeq2SeqLM):
+        return model
+    return TransformerSeq2SeqLM.from_preset(model)
+
+
+def _write_in_tensorflow_process(model, saved_model, staging, beam_size, alpha, max_length_offset):
+    from keras_transformer.models import TransformerSeq2SeqLM
+
+    if isinstance(model, TransformerSeq2SeqLM):
+        preset = os.path.join(staging, "preset")
+        model.save_to_preset(preset)
+    else:
+        from keras_transformer import presets
+
+        presets.check(model)
+        preset = model
+    command = [
+        sys.executable, "-m", "keras_transformer.export", preset, saved_model,
+        "--beam-size", str(beam_size), "--alpha", repr(alpha), "--max-length-offset", str(max_length_offset),
+    ]
+    env = {**os.environ, "KERAS_BACKEND": "tensorflow"}
+    result = subprocess.run(command, env=env, capture_output=True, text=True)
+    if result.returncode != 0:
+        raise RuntimeError(f"The export under TensorFlow failed:\n{result.stderr[-4000:]}")
+
+
+def _replace(new, export_dir):
+    """Moves the finished export into place; an old one goes only after."""
+    if os.path.isdir(export_dir):
+        old = export_dir.rstrip(os.sep) + ".replaced"
+        while os.path.exists(old):
+            old += "_"
+        os.replace(export_dir, old)
+        try:
+            os.replace(new, export_dir)
+        except BaseException:
+            os.replace(old, export_dir)
+            raise
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        os.replace(new, export_dir)
+
+
+def _write(model, path, beam_size, alpha, max_length_offset):
+    translator = Translator(model, beam_size, alpha, max_length_offset)
+    signatures = {
+        "serving_default": translator.translate.get_concrete_function(),
+        "translate_ids": translator.translate_ids.get_concrete_function(),
+    }
+    tf.saved_model.save(translator, path, signatures=signatures)
+
+
+class Translator(tf.Module):
+    """The model, the tokenizer and beam search as one `tf.Module`."""
+
+    def __init__(self, model, beam_size, alpha, max_length_offset):
+        super().__init__(name="translator")
+        if model.preprocessor is None:
+            raise ValueError("Export needs a model with a preprocessor (its tokenizer).")
+        self._model = model
+        # Tracked here, so that the SavedModel saves them.
+        self.model_variables = list(model.variables)
+        self.tokenizer = tf_text.SentencepieceTokenizer(model=model.preprocessor.tokenizer.proto, out_type=tf.int32)
+        self.beam_size = beam_size
+        self.alpha = float(alpha)
+        self.max_length_offset = max_length_offset
+        self.pad_id, self.start_id, self.end_id = _special_ids(model)
+        self.never_output = tf.constant(model.never_output_bias())
+
+    @tf.function(input_signature=[tf.TensorSpec([None], tf.string, name="text")], autograph=False)
+    def translate(self, text):
+        token_ids, lengths, _ = self._search(text)
+        ragged = tf.RaggedTensor.from_tensor(token_ids, lengths=lengths)
+        return {"translations": self.tokenizer.detokenize(ragged)}
+
+    @tf.function(input_signature=[tf.TensorSpec([None], tf.string, name="text")], autograph=False)
+    def translate_ids(self, text):
+        token_ids, lengths, scores = self._search(text)
+        return {"token_ids": token_ids, "lengths": lengths, "scores": scores}
+
+    def _search(self, text):
+        model, k = self._model, self.beam_size
+        limit = model.backbone.max_sequence_length
+        empty = tf.equal(tf.strings.length(tf.strings.strip(text)), 0)
+        pieces = self.tokenizer.tokenize(text)
+        batch = tf.shape(text)[0]
+        start = tf.fill([batch, 1], self.start_id)
+        end = tf.fill([batch, 1], self.end_id)
+        sources = tf.concat([start, pieces, end], axis=1)
+        source_lengths = tf.cast(sources.row_lengths(), tf.int32)
+        check = tf.debugging.assert_less_equal(
+            tf.where(empty, 0, source_lengths), limit,
+            message=f"A source is longer than the model's max_sequence_length={limit} tokens; "
+            "split the text into sentences first.",
+        )
+        with tf.control_dependencies([check]):
+            encoder_ids = sources.to_tensor(default_value=self.pad_id)
+        encoder_mask = tf.cast(tf.not_equal(encoder_ids, self.pad_id), tf.int32)
+        budgets = tf.minimum(source_lengths + self.max_length_offset, limit - 1)
+        token_ids, lengths, scores = self._beam_search(encoder_ids, encoder_mask, budgets)
+        lengths = tf.where(empty, 0, lengths)
+        scores = tf.where(empty, 0.0, scores)
+        token_ids = token_ids[:, : tf.reduce_max(tf.concat([lengths, [0]], axis=0))]
+        token_ids = tf.where(tf.sequence_mask(lengths, tf.shape(token_ids)[1]), token_ids, self.pad_id)
+        return token_ids, lengths, scores
+
+    def _length_penalty(self, length):
+        return ((5.0 + tf.cast(length, tf.float64)) / 6.0) ** self.alpha
+
+    def _beam_search(self, encoder_ids, encoder_mask, budgets):
+        """`decoding.beam.beam_search` (num_results=1) as a while loop."""
+        model, k = self._model, self.beam_size
+        vocabulary_size = model.backbone.vocabulary_size
+        batch = tf.shape(encoder_ids)[0]
+        max_budget = tf.reduce_max(budgets)
+        length_limit = max_budget + 1  # positions, the start token's included
+        encoder_output = model.encode(encoder_ids, encoder_mask)
+        cross = [layer.cross_attention.project_key_value(encoder_output) for layer in model.backbone.decoder_layers]
+        cross = [(tf.repeat(keys, k, axis=0), tf.repeat(values, k, axis=0)) for keys, values in cross]
+        beam_mask = tf.repeat(encoder_mask, k, axis=0)
+        self_caches = model.empty_self_attention_cache(batch * k, length_limit)
+        rank = tf.range(2 * k)[None, :]
+        never = tf.constant(-float("inf"), tf.float64)
+        rows = tf.range(batch)
+
+        def merge_finished(finished, new_ids, new_lengths, new_scores):
+            """Keeps the k best finished hypotheses; earlier ones first on ties."""
+            ids, lengths, scores = finished
+            ids = tf.concat([ids, new_ids], axis=1)
+            lengths = tf.concat([lengths, new_lengths], axis=1)
+            scores = tf.concat([scores, new_scores], axis=1)
+            # top_k keeps the lower index first among equal values.
+            _, best = tf.math.top_k(scores, k)
+            return (
+                tf.gather(ids, best, batch_dims=1),
+                tf.gather(lengths, best, batch_dims=1),
+                tf.gather(scores, best, batch_dims=1),
+            )
+
+        def body(index, tokens, parents_flat, sequences, log_probs, finished, count, done, caches):
+            caches = [(tf.gather(keys, parents_flat), tf.gather(values, parents_flat)) for keys, values in caches]
+            logits, cache = model.call_decoder_with_cache(
+                tokens[:, None], index, list(zip(caches, cross)), beam_mask
+            )
+            caches = [self_cache for self_cache, _ in cache]
+            token_log_probs = tf.nn.log_softmax(tf.cast(logits, tf.float32), axis=-1) + self.never_output
+            candidates = log_probs[:, :, None] + tf.reshape(token_log_probs, [batch, k, vocabulary_size])
+            values, flat = tf.math.top_k(tf.reshape(candidates, [batch, k * vocabulary_size]), 2 * k)
+            values = tf.cast(values, tf.float64)
+            parent, token = flat // vocabulary_size, flat % vocabulary_size
+            length = index + 1
+            usable = tf.math.is_finite(values) & ~done[:, None]
+            is_end = tf.equal(token, self.end_id)
+
+            # End tokens among the best k finish hypotheses (without the end token).
+            ends = usable & is_end & (rank < k)
+            end_ids = tf.gather(sequences, parent, batch_dims=1)
+            end_scores = tf.where(ends, values / self._length_penalty(length), never)
+            finished = merge_finished(finished, end_ids, tf.fill(tf.shape(parent), index), end_scores)
+            count += tf.reduce_sum(tf.cast(ends, tf.int32), axis=1)
+
+            # The best k other extensions stay live.
+            others = usable & ~is_end
+            chosen = others & (tf.cumsum(tf.cast(others, tf.int32), axis=1) <= k)
+            order = tf.argsort(tf.where(chosen, rank, 2 * k + rank), axis=1, stable=True)[:, :k]
+            live_mask = tf.gather(chosen, order, batch_dims=1)
+            new_log_probs = tf.where(live_mask, tf.gather(values, order, batch_dims=1), never)
+            new_parents = tf.where(live_mask, tf.gather(parent, order, batch_dims=1), 0)
+            new_tokens = tf.where(live_mask, tf.gather(token, order, batch_dims=1), self.pad_id)
+            live = tf.reduce_sum(tf.cast(live_mask, tf.int32), axis=1)
+            sequences = tf.gather(sequences, new_parents, batch_dims=1)
+            sequences = tf.where(
+                tf.equal(tf.range(tf.shape(sequences)[2]), index)[None, None, :],
+                new_tokens[:, :, None], sequences,
+            )
+
+            # At the maximum length the live beams finish as they are.
+            at_budget = (length >= budgets) & ~done
+            last = live_mask & at_budget[:, None]
+            last_scores = tf.where(last, new_log_probs / self._length_penalty(length), never)
+            finished = merge_finished(finished, sequences, tf.fill(tf.shape(new_parents), length), last_scores)
+
+            # Done: at the maximum length, k finished, nothing live, or no
+            # live beam can beat the best finished one any more.
+            reachable = tf.reduce_max(new_log_probs, axis=1) / self._length_penalty(budgets)
+            beaten = (count >= 1) & (finished[2][:, 0] >= reachable)
+            done = done | at_budget | (count >= k) | (live == 0) | beaten
+
+            log_probs = tf.cast(tf.where(done[:, None], never, new_log_probs), tf.float32)
+            parents_flat = tf.reshape(rows[:, None] * k + new_parents, [-1])
+            return (index + 1, tf.reshape(new_tokens, [-1]), parents_flat, sequences, log_probs,
+                    finished, count, done, caches)
+
+        def cond(index, tokens, parents_flat, sequences, log_probs, finished, count, done, caches):
+            return (index < max_budget) & ~tf.reduce_all(done)
+
+        first = tf.one_hot(tf.zeros([batch], tf.int32), k, on_value=0.0, off_value=-float("inf"))
+        state = (
+            tf.constant(0),
+            tf.fill([batch * k], self.start_id),
+            tf.range(batch * k),
+            tf.zeros([batch, k, max_budget], tf.int32),
+            first,
+            (
+                tf.zeros([batch, k, max_budget], tf.int32),
+                tf.zeros([batch, k], tf.int32),
+                tf.fill([batch, k], tf.constant(-float("inf"), tf.float64)),
+            ),
+            tf.zeros([batch], tf.int32),
+            tf.zeros([batch], tf.bool),
+            [(keys, values) for keys, values in self_caches],
+        )
+        invariants = tf.nest.map_structure(lambda x: tf.TensorShape([None] * x.shape.rank), state)
+        final = tf.while_loop(cond, body, state, shape_invariants=invariants)
+        ids, lengths, scores = final[5]
+        return ids[:, 0], lengths[:, 0], tf.cast(scores[:, 0], tf.float32)
+
+
+
+def main(argv=None):
+    import argparse
+
+    parser = argparse.ArgumentParser(description="Export a preset to a SavedModel (runs under TensorFlow).")
+    parser.add_argument("preset")
+    parser.add_argument("export_dir")
+    parser.add_argument("--beam-size", type=int, default=4)
+    parser.add_argument("--alpha", type=float, default=0.6)
+    parser.add_argument("--max-length-offset", type=int, default=50)
+    args = parser.parse_args(argv)
+    model = _load(args.preset)
+    _write(model, args.export_dir, args.beam_size, args.alpha, args.max_length_offset)
+
+
+if __name__ == "__main__":
+    main()
