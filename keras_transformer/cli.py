@@ -3,6 +3,7 @@
     keras-transformer translate "A man is riding a bicycle."
     keras-transformer translate --preset transformer_multi30k_de_en < input.de > output.en
     keras-transformer presets
+    keras-transformer export --preset transformer_multi30k_en_de exported/en-de
     keras-transformer train --source en --target de --output-dir runs/en-de
     keras-transformer evaluate runs/en-de/model --split test_2016_flickr
     keras-transformer attention --preset runs/en-de/model "A man rides a bike." -o attention.png
@@ -262,6 +263,36 @@ def _presets(args):
             )
 
 
+def _add_export(subparsers):
+    p = subparsers.add_parser(
+        "export",
+        help="Write a TensorFlow SavedModel that translates strings (for TF Serving).",
+        description="Export a preset to a SavedModel: tokenization, the encoder, cached beam search "
+        "and detokenization in one graph, loadable with TensorFlow and tensorflow-text only.",
+    )
+    p.add_argument("output_dir", help="the SavedModel's directory (must be empty or absent)")
+    p.add_argument("--preset", default=DEFAULT_PRESET,
+                   help=f"a preset name or directory (default: {DEFAULT_PRESET})")
+    p.add_argument("--beam-size", type=int, default=4, help="fixed in the export; 1 decodes greedily (default: 4)")
+    p.add_argument("--alpha", type=float, default=0.6, help="length penalty, fixed in the export (default: 0.6)")
+    p.add_argument("--max-length-offset", type=int, default=50,
+                   help="at most source length + this many output tokens (default: 50)")
+    p.add_argument("--overwrite", action="store_true", help="replace a non-empty output directory")
+
+
+def _export(args):
+    from keras_transformer.export import export_saved_model
+
+    try:
+        path = export_saved_model(
+            args.preset, args.output_dir, beam_size=args.beam_size, alpha=args.alpha,
+            max_length_offset=args.max_length_offset, overwrite=args.overwrite,
+        )
+    except FileExistsError as error:
+        raise SystemExit(f"error: {error}") from None
+    print(f"Wrote the SavedModel to {path}")
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(
         prog="keras-transformer",
@@ -273,10 +304,11 @@ def main(argv=None):
     _add_attention(subparsers)
     _add_translate(subparsers)
     _add_presets(subparsers)
+    _add_export(subparsers)
     args = parser.parse_args(argv)
     commands = {
         "train": _train, "evaluate": _evaluate, "attention": _attention,
-        "translate": _translate, "presets": _presets,
+        "translate": _translate, "presets": _presets, "export": _export,
     }
     from keras_transformer.presets import PresetError
 

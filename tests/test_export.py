@@ -1,0 +1,99 @@
+"""The SavedModel export: the shipped en-de preset, exported from the
+backend under test, loaded in a separate process that imports only
+tensorflow and tensorflow_text, translates as the package does."""
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from keras_transformer.datasets import multi30k
+from keras_transformer.export import export_saved_model
+from keras_transformer.models import TransformerSeq2SeqLM
+
+PRESET = "transformer_multi30k_en_de"
+
+# Run in a fresh interpreter: tensorflow and tensorflow_text only.
+LOADER = """
+import json, sys
+import tensorflow as tf
+import tensorflow_text  # noqa: F401 (registers the SentencePiece ops)
+
+texts = json.loads(sys.stdin.read())
+translator = tf.saved_model.load(sys.argv[1])
+strings = translator.signatures["serving_default"](text=tf.constant(texts))["translations"]
+ids = translator.signatures["translate_ids"](text=tf.constant(texts))
+loaded = sorted(m for m in sys.modules if m.split(".")[0] in ("keras_transformer", "keras_hub"))
+print(json.dumps({
+    "translations": [s.decode("utf-8") for s in strings.numpy()],
+    "token_ids": ids["token_ids"].numpy().tolist(),
+    "lengths": ids["lengths"].numpy().tolist(),
+    "scores": ids["scores"].numpy().tolist(),
+    "signatures": sorted(translator.signatures),
+    "forbidden_modules": loaded,
+}))
+"""
+
+
+def load_elsewhere(path, texts):
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}
+    env.pop("KERAS_BACKEND", None)
+    result = subprocess.run(
+        [sys.executable, "-c", LOADER, path], input=json.dumps(texts), capture_output=True, text=True,
+        env=env, cwd=os.path.dirname(path),
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+@pytest.fixture(scope="module")
+def texts(multi30k_dir):
+    sources, _ = multi30k.load("test_2016_flickr", "en", "de", data_dir=multi30k_dir)
+    return sources[:12] + ["", "   ", "A dog."]
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory):
+    path = str(tmp_path_factory.mktemp("export") / "en-de")
+    export_saved_model(PRESET, path, beam_size=4, alpha=0.6)
+    return path
+
+
+def test_saved_model_translates_like_the_package(exported, texts):
+    served = load_elsewhere(exported, texts)
+    assert served["forbidden_modules"] == []
+    assert served["signatures"] == ["serving_default", "translate_ids"]
+
+    model = TransformerSeq2SeqLM.from_preset(PRESET)
+    expected = model.generate(texts, beam_size=4, alpha=0.6, return_scores=True)
+    assert served["translations"] == [text for text, _ in expected]
+    np.testing.assert_allclose(served["scores"], [score for _, score in expected], atol=1e-4)
+    tokenizer = model.preprocessor.tokenizer
+    for ids, length, (text, _) in zip(served["token_ids"], served["lengths"], expected):
+        assert ids[:length] == (np.asarray(tokenizer.tokenize(text)).tolist() if text else [])
+        assert set(ids[length:]) <= {tokenizer.pad_token_id}
+    assert served["lengths"][12:14] == [0, 0]
+
+
+def test_export_never_overwrites_or_leaves_half_an_export(exported, tmp_path):
+    before = sorted(os.listdir(exported))
+    with pytest.raises(FileExistsError, match="overwrite"):
+        export_saved_model(PRESET, exported)
+    assert sorted(os.listdir(exported)) == before
+
+    # A failing export (a preset with a corrupt weights file) leaves nothing.
+    broken = tmp_path / "broken"
+    TransformerSeq2SeqLM.from_preset(PRESET).save_to_preset(broken)
+    (broken / "model.weights.h5").write_bytes(b"not hdf5")
+    with pytest.raises(Exception, match="model.weights.h5"):
+        export_saved_model(str(broken), tmp_path / "out")
+    assert sorted(os.listdir(tmp_path)) == ["broken"]
+
+    # Asked to, it replaces an export with a complete new one (greedy here).
+    export_saved_model(PRESET, exported, beam_size=1, overwrite=True)
+    served = load_elsewhere(exported, ["A dog runs on the beach."])
+    model = TransformerSeq2SeqLM.from_preset(PRESET)
+    assert served["translations"] == [model.generate("A dog runs on the beach.", sampler="greedy")]
