@@ -1,0 +1,77 @@
+"""The presets shipped in the package: they load by name with no network,
+translate fixed sentences to the same output on every backend, and score on
+Multi30k test sentences as their metadata says."""
+
+import socket
+
+import pytest
+
+from keras_transformer import cli
+from keras_transformer import presets
+from keras_transformer.datasets import multi30k
+from keras_transformer.metrics import corpus_scores
+from keras_transformer.models import TransformerSeq2SeqLM
+
+# Greedy outputs of the shipped weights: the same strings on jax,
+# tensorflow and torch (this file runs on each).
+EXPECTED = {
+    "transformer_multi30k_en_de": {
+        "A man is riding a bicycle.": "Ein Mann fährt Fahrrad.",
+        "Two dogs are playing in the snow.": "Zwei Hunde spielen im Schnee.",
+        "A little girl in a pink dress climbs the stairs.":
+            "Ein kleines Mädchen in einem rosafarbenen Kleid klettert die Treppe hinauf.",
+    },
+}
+SHIPPED = sorted(presets.list_presets())
+
+
+@pytest.fixture
+def no_network(monkeypatch):
+    def refuse(*args, **kwargs):
+        raise OSError("network access during a test")
+
+    monkeypatch.setattr(socket.socket, "connect", refuse)
+    monkeypatch.setattr(socket, "create_connection", refuse)
+
+
+def test_the_en_de_preset_ships_with_its_record():
+    assert "transformer_multi30k_en_de" in SHIPPED
+    total = 0
+    for name, info in presets.list_presets().items():
+        total += info["size_bytes"]
+        assert info["path"].startswith(presets.PRESETS_DIR)
+        for split in ("test_2016_flickr", "test_2017_flickr"):
+            score = info["scores"][split]
+            assert score["bleu_signature"].startswith("nrefs:1|case:mixed|eff:no|tok:13a")
+            assert "case:lc" in score["bleu_lowercase_signature"]
+        assert info["decoding"] == {"beam_size": 4, "alpha": 0.6, "max_length_offset": 50}
+        assert info["training"]["command"].startswith("keras-transformer train")
+        assert "non-commercial" in info["data_terms"]
+    assert total < 40 * 2**20
+
+
+@pytest.mark.parametrize("name", SHIPPED)
+def test_loads_by_name_offline_and_translates_fixed_sentences(name, no_network):
+    model = TransformerSeq2SeqLM.from_preset(name)
+    sources = list(EXPECTED[name])
+    assert model.generate(sources, sampler="greedy") == list(EXPECTED[name].values())
+    assert model.generate("") == ""
+
+
+@pytest.mark.parametrize("name", SHIPPED)
+def test_scores_on_test_sentences_agree_with_the_metadata(name, multi30k_dir):
+    info = presets.list_presets()[name]
+    source, target = info["languages"]["source"], info["languages"]["target"]
+    sources, references = multi30k.load("test_2016_flickr", source, target, data_dir=multi30k_dir)
+    model = TransformerSeq2SeqLM.from_preset(name)
+    translations = model.generate(sources[:100], sampler="greedy", batch_size=50)
+    scores = corpus_scores(translations, references[:100])
+    # The first 100 sentences, greedy, against the full test set's greedy
+    # score in the metadata: close, and far above an untrained model's ~0.
+    recorded = info["greedy_scores"]["test_2016_flickr"]["bleu"]
+    assert abs(scores["bleu"] - recorded) < 6.0, (scores["bleu"], recorded)
+
+
+def test_translate_command_uses_the_en_de_preset_by_default(capsys, no_network):
+    cli.main(["translate", "--beam-size", "1", *EXPECTED["transformer_multi30k_en_de"]])
+    assert capsys.readouterr().out.splitlines() == list(EXPECTED["transformer_multi30k_en_de"].values())
