@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from keras_transformer.datasets import multi30k
+from keras_transformer.decoding import beam_search
 from keras_transformer.export import export_saved_model
 from keras_transformer.models import TransformerSeq2SeqLM
 
@@ -68,13 +69,15 @@ def test_saved_model_translates_like_the_package(exported, texts):
     assert served["signatures"] == ["serving_default", "translate_ids"]
 
     model = TransformerSeq2SeqLM.from_preset(PRESET)
-    expected = model.generate(texts, beam_size=4, alpha=0.6, return_scores=True)
+    expected = [best for best, *_ in model.generate(texts, beam_size=4, alpha=0.6, return_scores=True)]
     assert served["translations"] == [text for text, _ in expected]
     np.testing.assert_allclose(served["scores"], [score for _, score in expected], atol=1e-4)
-    tokenizer = model.preprocessor.tokenizer
-    for ids, length, (text, _) in zip(served["token_ids"], served["lengths"], expected):
-        assert ids[:length] == (np.asarray(tokenizer.tokenize(text)).tolist() if text else [])
-        assert set(ids[length:]) <= {tokenizer.pad_token_id}
+    # The token ids are those the package's beam search chose.
+    found = beam_search(model, model._tokenize_sources(texts), beam_size=4, alpha=0.6)
+    pad_id = model.preprocessor.tokenizer.pad_token_id
+    for ids, length, result in zip(served["token_ids"], served["lengths"], found):
+        assert ids[:length] == (result[0][0] if result else [])
+        assert set(ids[length:]) <= {pad_id}
     assert served["lengths"][12:14] == [0, 0]
 
 
