@@ -7,6 +7,9 @@ captions), fine-tunes it with `model.fit` on pairs of another register (here
 a handful of sentences written for this example; use your own corpus), saves
 the result with `save_to_preset`, loads it back with `from_preset` and
 checks that the loaded model translates exactly as the fine-tuned one did.
+Eight pairs are only enough to show the mechanics (the model learns them by
+heart: "The train leaves at eight o'clock." goes from "Der Zugperspektive an
+den Zug." to "Der Zug fährt um acht Uhr ab."); fine-tune on thousands.
 `keras-transformer translate --preset /tmp/my-en-de "..."` then uses it.
 """
 
@@ -34,7 +37,7 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--preset", default="transformer_multi30k_en_de")
     parser.add_argument("--output-dir", default=os.path.join(tempfile.gettempdir(), "fine-tuned-en-de"))
-    parser.add_argument("--epochs", type=int, default=20)
+    parser.add_argument("--epochs", type=int, default=30)
     args = parser.parse_args()
 
     model = TransformerSeq2SeqLM.from_preset(args.preset)
@@ -44,7 +47,7 @@ def main():
 
     # A small constant learning rate: the warm-up schedule of the paper is
     # for training from scratch.
-    model.compile(optimizer=keras.optimizers.Adam(1e-4, beta_1=0.9, beta_2=0.98, epsilon=1e-9))
+    model.compile(optimizer=keras.optimizers.Adam(5e-4, beta_1=0.9, beta_2=0.98, epsilon=1e-9))
     model.fit({"encoder_text": sources, "decoder_text": targets}, batch_size=8, epochs=args.epochs, verbose=2)
     translations = model.generate(sources)
     print("After: ", translations[:2])
