@@ -178,7 +178,7 @@ class Translator(tf.Module):
         return {"token_ids": token_ids, "lengths": lengths, "scores": scores}
 
     def _search(self, text):
-        model, k = self._model, self.beam_size
+        model = self._model
         limit = model.backbone.max_sequence_length
         empty = tf.equal(tf.strings.length(tf.strings.strip(text)), 0)
         pieces = self.tokenizer.tokenize(text)

@@ -27,6 +27,11 @@ texts = json.loads(sys.stdin.read())
 translator = tf.saved_model.load(sys.argv[1])
 strings = translator.signatures["serving_default"](text=tf.constant(texts))["translations"]
 ids = translator.signatures["translate_ids"](text=tf.constant(texts))
+try:
+    translator.signatures["serving_default"](text=tf.constant(["word " * 300]))
+    too_long = "no error"
+except tf.errors.InvalidArgumentError as error:
+    too_long = error.message
 loaded = sorted(m for m in sys.modules if m.split(".")[0] in ("keras_transformer", "keras_hub"))
 print(json.dumps({
     "translations": [s.decode("utf-8") for s in strings.numpy()],
@@ -35,6 +40,7 @@ print(json.dumps({
     "scores": ids["scores"].numpy().tolist(),
     "signatures": sorted(translator.signatures),
     "forbidden_modules": loaded,
+    "too_long": too_long,
 }))
 """
 
@@ -79,6 +85,7 @@ def test_saved_model_translates_like_the_package(exported, texts):
         assert ids[:length] == (result[0][0] if result else [])
         assert set(ids[length:]) <= {pad_id}
     assert served["lengths"][12:14] == [0, 0]
+    assert "max_sequence_length=256" in served["too_long"]
 
 
 def test_export_never_overwrites_or_leaves_half_an_export(exported, tmp_path):
