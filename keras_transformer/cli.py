@@ -150,10 +150,8 @@ def _languages(model_path, args):
     from keras_transformer import presets
 
     source, target = args.source, args.target
-    metadata = os.path.join(presets.resolve(model_path), presets.METADATA_FILE)
-    if (source is None or target is None) and os.path.exists(metadata):
-        with open(metadata, encoding="utf-8") as f:
-            languages = json.load(f).get("languages", {})
+    if source is None or target is None:
+        languages = presets.read_metadata(presets.resolve(model_path)).get("languages", {})
         source, target = source or languages.get("source"), target or languages.get("target")
     run_info = os.path.join(os.path.dirname(os.path.abspath(model_path)), "run.json")
     if (source is None or target is None) and os.path.exists(run_info):
@@ -212,14 +210,13 @@ def _translate(args):
         raise SystemExit("error: --beam-size must be at least 1")
     if args.text:
         texts = args.text
+    elif args.input:
+        with open(args.input, encoding="utf-8") as f:
+            texts = f.read().splitlines()
     else:
-        if args.input:
-            with open(args.input, encoding="utf-8") as f:
-                texts = f.read().splitlines()
-        else:
-            if sys.stdin.isatty():
-                print("Type sentences, one a line; end with Ctrl-D.", file=sys.stderr)
-            texts = sys.stdin.read().splitlines()
+        if sys.stdin.isatty():
+            print("Type sentences, one a line; end with Ctrl-D.", file=sys.stderr)
+        texts = sys.stdin.read().splitlines()
     model = TransformerSeq2SeqLM.from_preset(args.preset)
     decoding = dict(sampler="greedy") if args.beam_size == 1 else dict(beam_size=args.beam_size, alpha=args.alpha)
     # The progress bar goes to stderr, so that stdout holds translations only.

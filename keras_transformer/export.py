@@ -42,6 +42,7 @@ import tensorflow as tf
 import tensorflow_text as tf_text
 
 from keras_transformer.decoding.beam import _special_ids
+from keras_transformer.decoding.beam import best_extensions
 
 
 def export_saved_model(model, export_dir, beam_size=4, alpha=0.6, max_length_offset=50, overwrite=False):
@@ -242,9 +243,7 @@ class Translator(tf.Module):
                 tokens[:, None], index, list(zip(caches, cross)), beam_mask
             )
             caches = [self_cache for self_cache, _ in cache]
-            token_log_probs = tf.nn.log_softmax(tf.cast(logits, tf.float32), axis=-1) + self.never_output
-            candidates = log_probs[:, :, None] + tf.reshape(token_log_probs, [batch, k, vocabulary_size])
-            values, flat = tf.math.top_k(tf.reshape(candidates, [batch, k * vocabulary_size]), 2 * k)
+            values, flat = best_extensions(logits, log_probs, self.never_output, 2 * k)
             values = tf.cast(values, tf.float64)
             parent, token = flat // vocabulary_size, flat % vocabulary_size
             length = index + 1

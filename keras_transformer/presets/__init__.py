@@ -60,7 +60,8 @@ def _shipped_directories():
     }
 
 
-def _read_metadata(directory):
+def read_metadata(directory):
+    """The `metadata.json` of a preset directory as a dict (empty if absent)."""
     path = os.path.join(directory, METADATA_FILE)
     if not os.path.exists(path):
         return {}
@@ -94,7 +95,7 @@ def list_presets():
     """
     presets = {}
     for name, directory in _shipped_directories().items():
-        info = _read_metadata(directory)
+        info = read_metadata(directory)
         info["size_bytes"] = _size_on_disk(directory)
         info["path"] = directory
         presets[name] = info
@@ -107,17 +108,18 @@ def keras_hub_registry():
     The `kaggle_handle` of each is its directory inside the package, so that
     keras-hub resolves the name with no network.
     """
-    return {
-        name: {
+    registry = {}
+    for name, directory in _shipped_directories().items():
+        info = read_metadata(directory)
+        registry[name] = {
             "metadata": {
                 "description": info.get("description", ""),
                 "params": info.get("parameter_count"),
                 "path": "transformer",
             },
-            "kaggle_handle": info["path"],
+            "kaggle_handle": directory,
         }
-        for name, info in list_presets().items()
-    }
+    return registry
 
 
 def resolve(preset):
@@ -308,7 +310,7 @@ def saving(preset_dir, metadata=None):
 
 def _merge_metadata(directory, metadata):
     path = os.path.join(directory, METADATA_FILE)
-    current = _read_metadata(directory)
+    current = read_metadata(directory)
     current.update(metadata)
     with open(path, "w", encoding="utf-8") as f:
         json.dump(current, f, indent=4, ensure_ascii=False)
@@ -322,8 +324,8 @@ def _move_into_place(staging, preset_dir):
     aside = tempfile.mkdtemp(prefix=f".{os.path.basename(preset_dir)}.previous-", dir=os.path.dirname(preset_dir))
     moved_aside, moved_in = [], []
     try:
-        for name in PRESET_ENTRIES + tuple(sorted(written - set(PRESET_ENTRIES))):
-            if os.path.lexists(os.path.join(preset_dir, name)) and (name in written or name in PRESET_ENTRIES):
+        for name in sorted(written | set(PRESET_ENTRIES)):
+            if os.path.lexists(os.path.join(preset_dir, name)):
                 os.replace(os.path.join(preset_dir, name), os.path.join(aside, name))
                 moved_aside.append(name)
         for name in sorted(written):

@@ -6,7 +6,9 @@ import keras_hub
 import numpy as np
 from keras import ops
 
+from keras_transformer.decoding.beam import _special_ids
 from keras_transformer.decoding.beam import beam_search
+from keras_transformer.decoding.beam import pad_sources
 from keras_transformer.losses import LabelSmoothedCrossEntropy
 from keras_transformer.models.transformer.backbone import TransformerBackbone
 from keras_transformer.models.transformer.seq2seq_lm_preprocessor import (
@@ -188,8 +190,6 @@ class TransformerSeq2SeqLM(PresetIO, keras_hub.models.Seq2SeqLM):
     def never_output_bias(self):
         """`(vocabulary_size,)` float32: `-inf` for the tokens that decoding
         never outputs (padding and start), 0 for the others."""
-        from keras_transformer.decoding.beam import _special_ids
-
         bias = np.zeros(self.backbone.vocabulary_size, "float32")
         bias[list(_special_ids(self)[:2])] = -np.inf
         return bias
@@ -308,8 +308,6 @@ class TransformerSeq2SeqLM(PresetIO, keras_hub.models.Seq2SeqLM):
         """Decodes token id sources with a keras-hub `Sampler`, through
         keras-hub's compiled generate function and `generate_step`."""
         from keras_transformer.decoding.beam import _round_up
-        from keras_transformer.decoding.beam import _special_ids
-        from keras_transformer.decoding.beam import pad_sources
 
         if getattr(self, "sampler", None) is not sampler:
             self.sampler, self.generate_function = sampler, None
