@@ -21,6 +21,12 @@ EXPECTED = {
         "A little girl in a pink dress climbs the stairs.":
             "Ein kleines Mädchen in einem rosafarbenen Kleid klettert die Treppe hinauf.",
     },
+    "transformer_multi30k_de_en": {
+        "Ein Mann fährt Fahrrad.": "A man is riding a bicycle.",
+        "Zwei Hunde spielen im Schnee.": "Two dogs are playing in the snow.",
+        "Ein kleines Mädchen in einem rosa Kleid klettert die Treppe hinauf.":
+            "A little girl in a pink dress is climbing the stairs.",
+    },
 }
 SHIPPED = sorted(presets.list_presets())
 
@@ -34,12 +40,14 @@ def no_network(monkeypatch):
     monkeypatch.setattr(socket, "create_connection", refuse)
 
 
-def test_the_en_de_preset_ships_with_its_record():
-    assert "transformer_multi30k_en_de" in SHIPPED
+def test_the_multi30k_presets_ship_with_their_record():
+    assert SHIPPED == sorted(EXPECTED)
     total = 0
     for name, info in presets.list_presets().items():
         total += info["size_bytes"]
         assert info["path"].startswith(presets.PRESETS_DIR)
+        languages = info["languages"]
+        assert name.endswith(f"_{languages['source']}_{languages['target']}")
         for split in ("test_2016_flickr", "test_2017_flickr"):
             score = info["scores"][split]
             assert score["bleu_signature"].startswith("nrefs:1|case:mixed|eff:no|tok:13a")
@@ -75,3 +83,9 @@ def test_scores_on_test_sentences_agree_with_the_metadata(name, multi30k_dir):
 def test_translate_command_uses_the_en_de_preset_by_default(capsys, no_network):
     cli.main(["translate", "--beam-size", "1", *EXPECTED["transformer_multi30k_en_de"]])
     assert capsys.readouterr().out.splitlines() == list(EXPECTED["transformer_multi30k_en_de"].values())
+
+
+def test_translate_command_takes_a_preset_name(capsys, no_network):
+    name = "transformer_multi30k_de_en"
+    cli.main(["translate", "--preset", name, "--beam-size", "1", *EXPECTED[name]])
+    assert capsys.readouterr().out.splitlines() == list(EXPECTED[name].values())
