@@ -20,10 +20,14 @@ _PATTERN = "step-{step:09d}.weights.h5"
 _STEP = re.compile(r"step-(\d+)\.weights\.h5$")
 
 
+def checkpoint_step(path):
+    """The training step a `step-NNNNNNNNN.weights.h5` file was written at."""
+    return int(_STEP.search(path).group(1))
+
+
 def list_checkpoints(directory):
     """The checkpoint files in `directory`, oldest first."""
-    paths = glob.glob(os.path.join(directory, "step-*.weights.h5"))
-    return sorted(paths, key=lambda p: int(_STEP.search(p).group(1)))
+    return sorted(glob.glob(os.path.join(directory, "step-*.weights.h5")), key=checkpoint_step)
 
 
 class KeepLastCheckpoints(keras.callbacks.Callback):

@@ -9,12 +9,14 @@ import contextlib
 import json
 import math
 import os
+import shutil
 
 import keras
 
 from keras_transformer.callbacks import BleuEvaluation
 from keras_transformer.callbacks import KeepLastCheckpoints
 from keras_transformer.callbacks import average_checkpoints
+from keras_transformer.callbacks import checkpoint_step
 from keras_transformer.callbacks import list_checkpoints
 from keras_transformer.data import token_budget_batches
 from keras_transformer.datasets import multi30k
@@ -44,6 +46,29 @@ def _tokenizer(output_dir, texts, vocabulary_size, algorithm, save=True):
         f.write(tokenizer.proto)
     os.replace(path + ".partial", path)
     return tokenizer
+
+
+def _continue_from_checkpoint(backup_dir, checkpoint_dir, steps_per_epoch):
+    """Lets a finished run train longer.
+
+    `keras.callbacks.BackupAndRestore` deletes its backup when `fit` ends, so
+    a finished run rerun with a larger `epochs` would start again from
+    scratch. Its newest checkpoint holds the model's and the optimizer's
+    state (Adam's moments and step, hence the learning-rate schedule's
+    position), so it becomes the backup, and `fit` goes on from the epoch
+    after it.
+    """
+    checkpoints = list_checkpoints(checkpoint_dir)
+    if os.path.exists(backup_dir) or not checkpoints:
+        return
+    newest = checkpoints[-1]
+    step = checkpoint_step(newest)
+    epoch = step // steps_per_epoch
+    os.makedirs(backup_dir)
+    shutil.copyfile(newest, os.path.join(backup_dir, "latest.weights.h5"))
+    with open(os.path.join(backup_dir, "training_metadata.json"), "w") as f:
+        json.dump({"epoch": epoch, "batch": 0}, f)
+    print(f"Continuing from {newest} (step {step}, after epoch {epoch}).")
 
 
 def train_multi30k(
@@ -79,7 +104,9 @@ def train_multi30k(
     `keep_checkpoints` checkpoints in `checkpoints/`, and at the end the
     model with averaged weights as a keras-hub preset in `model/`. Calling
     it again with the same `output_dir` after a kill resumes from the last
-    finished epoch.
+    finished epoch; calling it again after it finished, with a larger
+    `epochs`, trains on from its newest checkpoint (optimizer state and
+    learning-rate schedule included).
 
     Args:
         output_dir: the run's directory.
@@ -186,8 +213,9 @@ def train_multi30k(
         with open(os.path.join(output_dir, "run.json"), "w") as f:
             json.dump(run_info, f, indent=2)
 
-    backup = "backup" if chief else f"backup-process-{strategy.process_index}"
-    callbacks = [keras.callbacks.BackupAndRestore(os.path.join(output_dir, backup))]
+    backup = os.path.join(output_dir, "backup" if chief else f"backup-process-{strategy.process_index}")
+    _continue_from_checkpoint(backup, os.path.join(output_dir, "checkpoints"), steps_per_epoch)
+    callbacks = [keras.callbacks.BackupAndRestore(backup)]
     if chief:
         callbacks.append(KeepLastCheckpoints(os.path.join(output_dir, "checkpoints"), keep=keep_checkpoints))
     if bleu_sentences and chief:

@@ -84,6 +84,18 @@ def test_killed_run_resumes_where_it_stopped_then_evaluates(tmp_path, multi30k_d
     assert len(checkpoints) == 2
     assert os.path.exists(os.path.join(run, "model", "model.weights.h5"))
     assert os.listdir(os.path.join(run, "logs"))
+    assert not os.path.exists(os.path.join(run, "backup"))
+
+    # Rerun after it finished, with more epochs: trains on from the newest
+    # checkpoint (the optimizer's step too), not from scratch.
+    model, history = train_multi30k(run, data_dir=multi30k_dir, **{**RUN, "epochs": 3})
+    assert len(history.history["loss"]) == 1
+    assert int(keras.ops.convert_to_numpy(model.optimizer.iterations)) == 3 * steps_per_epoch
+    assert [os.path.basename(p) for p in list_checkpoints(os.path.join(run, "checkpoints"))] == [
+        f"step-{s * steps_per_epoch:09d}.weights.h5" for s in (2, 3)
+    ]
+    assert len(open(os.path.join(run, "history.csv")).read().splitlines()) == 1 + 3
+    assert "Continuing from" in capsys.readouterr().out
 
     capsys.readouterr()
     output = str(tmp_path / "hyp.de")
