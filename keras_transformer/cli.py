@@ -49,6 +49,12 @@ def _add_train(subparsers):
     p.add_argument("--bleu-sentences", type=int, default=200, help="val sentences for BLEU each epoch")
     p.add_argument("--limit", type=int, help="use only the first N training pairs")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--from-preset", metavar="PRESET",
+                   help="start from this preset (name or directory) instead of from scratch: fine-tune it, or "
+                        "train it longer; keeps its architecture and vocabulary")
+    p.add_argument("--initial-step", type=int,
+                   help="the learning-rate schedule's first step (default: 0, or with --from-preset the "
+                        "steps the preset was trained for)")
     p.add_argument("--devices", type=int,
                    help="train data-parallel on N devices (JAX, TensorFlow: of this process; "
                         "PyTorch: launch with torchrun --nproc_per_node N); --max-tokens is per device")
@@ -138,6 +144,8 @@ def _train(args):
         keep_checkpoints=args.keep_checkpoints,
         bleu_sentences=args.bleu_sentences,
         limit=args.limit,
+        initial_preset=args.from_preset,
+        initial_step=args.initial_step,
         seed=args.seed,
         **overrides,
     )

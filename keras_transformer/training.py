@@ -10,6 +10,7 @@ import json
 import math
 import os
 import shutil
+import warnings
 
 import keras
 
@@ -48,7 +49,7 @@ def _tokenizer(output_dir, texts, vocabulary_size, algorithm, save=True):
     return tokenizer
 
 
-def _continue_from_checkpoint(backup_dir, checkpoint_dir, steps_per_epoch):
+def _continue_from_checkpoint(backup_dir, checkpoint_dir, steps_per_epoch, initial_step=0):
     """Lets a finished run train longer.
 
     `keras.callbacks.BackupAndRestore` deletes its backup when `fit` ends, so
@@ -63,12 +64,43 @@ def _continue_from_checkpoint(backup_dir, checkpoint_dir, steps_per_epoch):
         return
     newest = checkpoints[-1]
     step = checkpoint_step(newest)
-    epoch = step // steps_per_epoch
+    epoch = (step - initial_step) // steps_per_epoch
     os.makedirs(backup_dir)
     shutil.copyfile(newest, os.path.join(backup_dir, "latest.weights.h5"))
     with open(os.path.join(backup_dir, "training_metadata.json"), "w") as f:
         json.dump({"epoch": epoch, "batch": 0}, f)
     print(f"Continuing from {newest} (step {step}, after epoch {epoch}).")
+
+
+def _initial_preset(preset, output_dir, source, target, save=True):
+    """The tokenizer and training step of a preset that a run starts from.
+
+    The run keeps the preset's vocabulary (its embeddings are indexed by
+    it), saved as the run's own tokenizer so that a resumed run reads the
+    same one. The step is the number of steps the preset was trained for
+    (`training.steps` in its metadata, 0 if absent), so that the
+    learning-rate schedule goes on from where the preset's training left it
+    rather than warming up again.
+    """
+    from keras_transformer.presets import read_metadata
+    from keras_transformer.presets import resolve
+
+    tokenizer = TransformerTokenizer.from_preset(preset)
+    path = os.path.join(output_dir, TOKENIZER_FILE)
+    if save and not os.path.exists(path):
+        with open(path + ".partial", "wb") as f:
+            f.write(tokenizer.proto)
+        os.replace(path + ".partial", path)
+    metadata = read_metadata(resolve(preset)) if os.path.isdir(resolve(preset)) else {}
+    languages = metadata.get("languages", {})
+    if languages and (languages.get("source"), languages.get("target")) != (source, target):
+        warnings.warn(
+            f"Preset {preset!r} translates {languages.get('source')}-{languages.get('target')}; "
+            f"training it on {source}-{target} keeps its vocabulary, which may cover "
+            f"{source} or {target} poorly.",
+            stacklevel=3,
+        )
+    return tokenizer, int(metadata.get("training", {}).get("steps", 0))
 
 
 def train_multi30k(
@@ -95,6 +127,8 @@ def train_multi30k(
     verbose="auto",
     extra_callbacks=(),
     strategy=None,
+    initial_preset=None,
+    initial_step=None,
     **config_overrides,
 ):
     """Trains a `TransformerSeq2SeqLM` on Multi30k and saves it as a preset.
@@ -140,6 +174,14 @@ def train_multi30k(
         strategy: a `keras_transformer.distribution` strategy to train on
             several devices or processes. `max_tokens` is then per device;
             only process 0 writes checkpoints, logs and the model.
+        initial_preset: a preset name or directory to start from instead of
+            from scratch, to fine-tune it or to train it longer: its weights,
+            architecture and vocabulary are kept (`config` and
+            `vocabulary_size` are then unused; `config_overrides` such as
+            `dropout` still apply).
+        initial_step: the learning-rate schedule's step to start from
+            (default: 0 from scratch; with `initial_preset`, the steps the
+            preset was trained for, from its metadata).
         **config_overrides: backbone arguments that replace the config's.
 
     Returns:
@@ -161,18 +203,36 @@ def train_multi30k(
     # backup for resuming.
     chief = strategy is None or strategy.process_index == 0
     batching = {} if strategy is None else strategy.batching()
-    tokenizer = _tokenizer(output_dir, sources + targets, vocabulary_size, tokenizer_algorithm, save=chief)
-    backbone_config = {**CONFIGS[config], **config_overrides, "max_sequence_length": max_sequence_length}
-    preprocessor = TransformerSeq2SeqLMPreprocessor(
-        tokenizer, encoder_sequence_length=max_sequence_length, decoder_sequence_length=max_sequence_length
-    )
+    if initial_preset:
+        tokenizer, preset_step = _initial_preset(initial_preset, output_dir, source, target, save=chief)
+        initial_step = preset_step if initial_step is None else initial_step
+    else:
+        tokenizer = _tokenizer(output_dir, sources + targets, vocabulary_size, tokenizer_algorithm, save=chief)
+    initial_step = initial_step or 0
     with strategy.scope() if strategy else contextlib.nullcontext():
-        backbone = TransformerBackbone(vocabulary_size=tokenizer.vocabulary_size(), **backbone_config)
+        if initial_preset:
+            backbone = TransformerBackbone.from_preset(initial_preset, **config_overrides)
+            max_sequence_length = backbone.max_sequence_length
+        else:
+            backbone = TransformerBackbone(
+                vocabulary_size=tokenizer.vocabulary_size(),
+                **CONFIGS[config], **config_overrides, max_sequence_length=max_sequence_length,
+            )
+        preprocessor = TransformerSeq2SeqLMPreprocessor(
+            tokenizer, encoder_sequence_length=max_sequence_length, decoder_sequence_length=max_sequence_length
+        )
         model = TransformerSeq2SeqLM(backbone, preprocessor)
         model.compile(
             optimizer=paper_optimizer(backbone.d_model, warmup_steps, learning_rate_scale),
             label_smoothing=label_smoothing,
         )
+        # A resumed run's backup restores the step it reached.
+        model.optimizer.iterations.assign(initial_step)
+    if initial_preset:
+        skip = ("name", "trainable", "dtype", "vocabulary_size")
+        backbone_config = {key: value for key, value in backbone.get_config().items() if key not in skip}
+    else:
+        backbone_config = {**CONFIGS[config], **config_overrides, "max_sequence_length": max_sequence_length}
 
     train_batches = token_budget_batches(
         sources, targets, tokenizer, max_tokens=max_tokens, max_length=max_sequence_length,
@@ -190,10 +250,12 @@ def train_multi30k(
         "data": f"Multi30k task 1 train, {source}-{target}",
         "source": source,
         "target": target,
-        "config": config,
+        "config": None if initial_preset else config,
+        "initial_preset": initial_preset,
+        "initial_step": initial_step,
         "backbone": backbone_config,
         "vocabulary_size": tokenizer.vocabulary_size(),
-        "tokenizer_algorithm": tokenizer_algorithm,
+        "tokenizer_algorithm": None if initial_preset else tokenizer_algorithm,
         "max_tokens": max_tokens,
         "pad_to_multiple_of": pad_to_multiple_of,
         "epochs": epochs,
@@ -214,7 +276,7 @@ def train_multi30k(
             json.dump(run_info, f, indent=2)
 
     backup = os.path.join(output_dir, "backup" if chief else f"backup-process-{strategy.process_index}")
-    _continue_from_checkpoint(backup, os.path.join(output_dir, "checkpoints"), steps_per_epoch)
+    _continue_from_checkpoint(backup, os.path.join(output_dir, "checkpoints"), steps_per_epoch, initial_step)
     callbacks = [keras.callbacks.BackupAndRestore(backup)]
     if chief:
         callbacks.append(KeepLastCheckpoints(os.path.join(output_dir, "checkpoints"), keep=keep_checkpoints))
@@ -246,7 +308,11 @@ def train_multi30k(
         metadata={
             "languages": {"source": source, "target": target},
             "data": run_info["data"],
-            "training": {**run_info, "averaged_checkpoints": len(checkpoints)},
+            "training": {
+                **run_info,
+                "steps": int(keras.ops.convert_to_numpy(model.optimizer.iterations)),
+                "averaged_checkpoints": len(checkpoints),
+            },
         },
     )
     return model, history

@@ -12,6 +12,7 @@ from keras_transformer.callbacks import KeepLastCheckpoints
 from keras_transformer.callbacks import average_checkpoints
 from keras_transformer.callbacks import list_checkpoints
 from keras_transformer.metrics import corpus_scores
+from keras_transformer.models import TransformerSeq2SeqLM
 from keras_transformer.training import train_multi30k
 
 
@@ -104,6 +105,71 @@ def test_killed_run_resumes_where_it_stopped_then_evaluates(tmp_path, multi30k_d
     assert "test_2016_flickr en-de, 16 sentences" in printed
     assert "BLEU (lowercased)" in printed and "case:lc" in printed
     assert len(open(output, encoding="utf-8").read().splitlines()) == 16
+
+
+class _RecordWeights(keras.callbacks.Callback):
+    def on_train_begin(self, logs=None):
+        self.weights = [keras.ops.convert_to_numpy(w) for w in self.model.backbone.weights]
+
+
+def _tiny_preset(directory, multi30k_dir, steps):
+    """An untrained tiny de-en model saved as a preset trained for `steps`."""
+    from keras_transformer.datasets import multi30k
+    from keras_transformer.models import TransformerBackbone
+    from keras_transformer.models import TransformerSeq2SeqLMPreprocessor
+    from keras_transformer.models import train_tokenizer
+
+    sources, targets = multi30k.load("train", "en", "de", multi30k_dir)
+    tokenizer = train_tokenizer(sources[:400] + targets[:400], 500)
+    preprocessor = TransformerSeq2SeqLMPreprocessor(tokenizer, encoder_sequence_length=96, decoder_sequence_length=96)
+    backbone = TransformerBackbone(vocabulary_size=500, num_layers=2, d_model=64, d_ff=128, num_heads=4,
+                                   max_sequence_length=96)
+    model = TransformerSeq2SeqLM(backbone, preprocessor)
+    model.save_to_preset(directory, metadata={"languages": {"source": "de", "target": "en"},
+                                              "training": {"steps": steps}})
+    return TransformerSeq2SeqLM.from_preset(directory)
+
+
+class _RecordWeights(keras.callbacks.Callback):
+    def on_train_begin(self, logs=None):
+        self.weights = [keras.ops.convert_to_numpy(w) for w in self.model.backbone.weights]
+
+
+def test_run_from_a_preset_keeps_its_weights_vocabulary_and_schedule(tmp_path, multi30k_dir, capsys):
+    preset, preset_steps = str(tmp_path / "preset"), 50
+    reference = _tiny_preset(preset, multi30k_dir, preset_steps)
+    run, record = str(tmp_path / "run"), _RecordWeights()
+    # Another vocabulary size and config: the preset's own are kept. The
+    # preset translates de-en: training it on en-de warns.
+    settings = {**RUN, "epochs": 1, "limit": 64, "vocabulary_size": 400, "config": "small", "dropout": 0.2, "bleu_sentences": 0}
+    with pytest.warns(UserWarning, match="translates de-en; training it on en-de"):
+        model, history = train_multi30k(
+            run, data_dir=multi30k_dir, initial_preset=preset, extra_callbacks=[record], **settings
+        )
+    steps_per_epoch = __import__("json").load(open(os.path.join(run, "run.json")))["steps_per_epoch"]
+    for started, loaded in zip(record.weights, reference.backbone.weights):
+        np.testing.assert_array_equal(started, keras.ops.convert_to_numpy(loaded))
+    assert model.backbone.dropout == 0.2 and model.backbone.d_model == 64
+    assert model.preprocessor.tokenizer.vocabulary_size() == 500
+    with open(os.path.join(run, "tokenizer.spm"), "rb") as f:
+        assert f.read() == reference.preprocessor.tokenizer.proto
+    # The schedule went on from the preset's step; so do the checkpoint's
+    # name and the saved model's metadata.
+    assert int(keras.ops.convert_to_numpy(model.optimizer.iterations)) == preset_steps + steps_per_epoch
+    assert [os.path.basename(p) for p in list_checkpoints(os.path.join(run, "checkpoints"))] == [
+        f"step-{preset_steps + steps_per_epoch:09d}.weights.h5"
+    ]
+    metadata = __import__("json").load(open(os.path.join(run, "model", "metadata.json")))
+    assert metadata["training"]["initial_preset"] == preset
+    assert metadata["training"]["initial_step"] == preset_steps
+    assert metadata["training"]["steps"] == preset_steps + steps_per_epoch
+
+    # Rerun for longer: one more epoch, not a fresh start.
+    capsys.readouterr()
+    model, history = train_multi30k(run, data_dir=multi30k_dir, initial_preset=preset, **{**settings, "epochs": 2})
+    assert len(history.history["loss"]) == 1
+    assert int(keras.ops.convert_to_numpy(model.optimizer.iterations)) == preset_steps + 2 * steps_per_epoch
+    assert "after epoch 1)" in capsys.readouterr().out
 
 
 def test_cli_rejects_unknown_config(tmp_path, multi30k_dir):
