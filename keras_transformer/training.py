@@ -85,9 +85,15 @@ def _initial_preset(preset, output_dir, source, target, save=True):
     from keras_transformer.presets import read_metadata
     from keras_transformer.presets import resolve
 
-    tokenizer = TransformerTokenizer.from_preset(preset)
     path = os.path.join(output_dir, TOKENIZER_FILE)
-    if save and not os.path.exists(path):
+    run_file = os.path.join(output_dir, "run.json")
+    if os.path.exists(path) and os.path.exists(run_file):
+        # A run that started before: its own vocabulary and first step, even
+        # if the preset has changed since (a newer version of a shipped one).
+        with open(run_file) as f:
+            return TransformerTokenizer(proto=path), int(json.load(f).get("initial_step") or 0)
+    tokenizer = TransformerTokenizer.from_preset(preset)
+    if save:
         with open(path + ".partial", "wb") as f:
             f.write(tokenizer.proto)
         os.replace(path + ".partial", path)

@@ -164,7 +164,13 @@ def test_run_from_a_preset_keeps_its_weights_vocabulary_and_schedule(tmp_path, m
     assert metadata["training"]["initial_step"] == preset_steps
     assert metadata["training"]["steps"] == preset_steps + steps_per_epoch
 
-    # Rerun for longer: one more epoch, not a fresh start.
+    # Rerun for longer: one more epoch, not a fresh start; the run keeps its
+    # own first step even if the preset changed in the meantime.
+    with open(os.path.join(preset, "metadata.json")) as f:
+        changed = __import__("json").load(f)
+    changed["training"]["steps"] = 999
+    with open(os.path.join(preset, "metadata.json"), "w") as f:
+        __import__("json").dump(changed, f)
     capsys.readouterr()
     model, history = train_multi30k(run, data_dir=multi30k_dir, initial_preset=preset, **{**settings, "epochs": 2})
     assert len(history.history["loss"]) == 1
