@@ -18,6 +18,19 @@ with sacreBLEU on test_2016_flickr and test_2017_flickr (beam 4, alpha 0.6,
 as in the paper), and writes the preset, weights stored in float16, into
 `keras_transformer/presets/NAME/` with its training command, data terms and
 scores in `metadata.json`.
+
+A preset can train longer in a second stage that starts from the first one
+as packaged (`keras-transformer train --from-preset`; the learning-rate
+schedule goes on from the first stage's last step). Its metadata then lists
+both stages, and its wall time is theirs together:
+
+    python examples/multi30k_presets.py package --pair de-en \
+        --data-dir PATH/TO/multi30k --run-dir runs/multi30k-de-en --output-root stage-1
+    KERAS_BACKEND=torch python examples/multi30k_presets.py train --pair de-en \
+        --data-dir PATH/TO/multi30k --run-dir runs/multi30k-de-en-longer \
+        --from-preset stage-1/transformer_multi30k_de_en
+    python examples/multi30k_presets.py package --pair de-en \
+        --data-dir PATH/TO/multi30k --run-dir runs/multi30k-de-en-longer
 """
 
 import argparse
@@ -33,6 +46,8 @@ SETTINGS = dict(
     config="small", dropout=0.3, vocabulary_size=8000, max_tokens=4096, epochs=30,
     warmup_steps=800, keep_checkpoints=5, bleu_sentences=200, seed=0,
 )
+# Epochs of the second stage, for the pairs that have one.
+LONGER_EPOCHS = {"de-en": 14}
 DECODING = dict(beam_size=4, alpha=0.6, max_length_offset=50)
 TEST_SPLITS = ("test_2016_flickr", "test_2017_flickr")
 DATA_TERMS = (
@@ -58,11 +73,70 @@ def train_command(pair):
     )
 
 
+def longer_settings(pair):
+    """The second stage's settings: the first's, for `LONGER_EPOCHS` more
+    epochs; the architecture and vocabulary come from the first stage."""
+    skip = ("config", "vocabulary_size")
+    return {**{k: v for k, v in SETTINGS.items() if k not in skip}, "epochs": LONGER_EPOCHS[pair]}
+
+
+def longer_command(pair):
+    source, target = PAIRS[pair]
+    options = " ".join(f"--{key.replace('_', '-')} {value}" for key, value in longer_settings(pair).items())
+    return (
+        f"keras-transformer train --from-preset STAGE1 --source {source} --target {target} "
+        f"{options} --data-dir DATA --output-dir RUN2"
+    )
+
+
 def train(args):
     from keras_transformer.training import train_multi30k
 
     source, target = PAIRS[args.pair]
-    train_multi30k(args.run_dir, source=source, target=target, data_dir=args.data_dir, **SETTINGS)
+    if args.from_preset:
+        if args.pair not in LONGER_EPOCHS:
+            raise SystemExit(f"{args.pair} has no second stage; choose one of {sorted(LONGER_EPOCHS)}.")
+        train_multi30k(args.run_dir, source=source, target=target, data_dir=args.data_dir,
+                       initial_preset=args.from_preset, **longer_settings(args.pair))
+    else:
+        train_multi30k(args.run_dir, source=source, target=target, data_dir=args.data_dir, **SETTINGS)
+
+
+def training_record(args, run):
+    """The `training` block of the metadata: one stage, or, for a run from
+    a preset, that preset's stages and this one."""
+    stage = {
+        "command": train_command(args.pair),
+        "example": f"python examples/multi30k_presets.py train --pair {args.pair} --data-dir DATA --run-dir RUN",
+        "settings": run,
+        "steps": (run.get("initial_step") or 0) + run["epochs"] * run["steps_per_epoch"],
+        "averaged_checkpoints": run["keep_checkpoints"],
+        "wall_time_hours": training_hours(args.run_dir),
+        "hardware": args.hardware or f"{os.cpu_count()}-core {platform.machine()} CPU, no GPU",
+        "backend": run["backend"],
+    }
+    if not run.get("initial_preset"):
+        return stage
+    from keras_transformer.presets import read_metadata
+    from keras_transformer.presets import resolve
+
+    before = read_metadata(resolve(run["initial_preset"])).get("training", {})
+    stage.update(
+        command=longer_command(args.pair),
+        example=stage["example"].replace("RUN", "RUN2") + " --from-preset STAGE1",
+        started_from="STAGE1: the previous stage's RUN packaged by `package` (float16 weights)",
+    )
+    stages = before.pop("stages", None) or [before]
+    stages = [*stages, stage]
+    return {
+        "command": " && ".join(s["command"] for s in stages),
+        "stages": stages,
+        "steps": stage["steps"],
+        "averaged_checkpoints": stage["averaged_checkpoints"],
+        "wall_time_hours": round(sum(s["wall_time_hours"] for s in stages), 2),
+        "hardware": stage["hardware"],
+        "backend": stage["backend"],
+    }
 
 
 def training_hours(run_dir):
@@ -91,6 +165,9 @@ def package(args):
     name = preset_name(args.pair)
     with open(os.path.join(args.run_dir, "run.json")) as f:
         run = json.load(f)
+    # Read before the preset is written: a second stage's first may be the
+    # preset that this call replaces.
+    training = training_record(args, run)
     model = TransformerSeq2SeqLM.from_preset(os.path.join(args.run_dir, "model"))
 
     # float16 halves the file; the scores below are those of these weights,
@@ -120,16 +197,7 @@ def package(args):
             "languages": {"source": source, "target": target},
             "data": f"Multi30k task 1 train split, {source}-{target}, 29,000 sentence pairs",
             "data_terms": DATA_TERMS,
-            "training": {
-                "command": train_command(args.pair),
-                "example": f"python examples/multi30k_presets.py train --pair {args.pair} --data-dir DATA --run-dir RUN",
-                "settings": run,
-                "steps": run["epochs"] * run["steps_per_epoch"],
-                "averaged_checkpoints": run["keep_checkpoints"],
-                "wall_time_hours": training_hours(args.run_dir),
-                "hardware": args.hardware or f"{os.cpu_count()}-core {platform.machine()} CPU, no GPU",
-                "backend": run["backend"],
-            },
+            "training": training,
             "weights_dtype": "float16",
             "decoding": DECODING,
             "scores": scores,
@@ -150,6 +218,7 @@ def main():
     parser.add_argument("--run-dir", required=True, help="the training run's directory")
     parser.add_argument("--output-root", default=PACKAGE_PRESETS, help="where `package` writes the preset")
     parser.add_argument("--hardware", help="what trained the run, for the metadata")
+    parser.add_argument("--from-preset", help="`train`: a second stage, from this packaged first stage")
     parser.add_argument("--limit", type=int, help="score only the first N test sentences (a smoke test)")
     args = parser.parse_args()
     {"train": train, "package": package}[args.step](args)
