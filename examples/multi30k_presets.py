@@ -24,12 +24,12 @@ as packaged (`keras-transformer train --from-preset`; the learning-rate
 schedule goes on from the first stage's last step). Its metadata then lists
 both stages, and its wall time is theirs together:
 
-    python examples/multi30k_presets.py package --pair de-en \
+    python examples/multi30k_presets.py package --pair de-en \\
         --data-dir PATH/TO/multi30k --run-dir runs/multi30k-de-en --output-root stage-1
-    KERAS_BACKEND=torch python examples/multi30k_presets.py train --pair de-en \
-        --data-dir PATH/TO/multi30k --run-dir runs/multi30k-de-en-longer \
+    KERAS_BACKEND=torch python examples/multi30k_presets.py train --pair de-en \\
+        --data-dir PATH/TO/multi30k --run-dir runs/multi30k-de-en-longer \\
         --from-preset stage-1/transformer_multi30k_de_en
-    python examples/multi30k_presets.py package --pair de-en \
+    python examples/multi30k_presets.py package --pair de-en \\
         --data-dir PATH/TO/multi30k --run-dir runs/multi30k-de-en-longer
 """
 
