@@ -73,20 +73,40 @@ def train_command(pair):
     )
 
 
-def longer_settings(pair):
-    """The second stage's settings: the first's, for `LONGER_EPOCHS` more
-    epochs; the architecture and vocabulary come from the first stage."""
+def longer_settings(pair, epochs=None):
+    """The second stage's settings: the first's, for `epochs` (default:
+    `LONGER_EPOCHS[pair]`) more epochs; the architecture and vocabulary come
+    from the first stage."""
     skip = ("config", "vocabulary_size")
-    return {**{k: v for k, v in SETTINGS.items() if k not in skip}, "epochs": LONGER_EPOCHS[pair]}
+    epochs = epochs or LONGER_EPOCHS[pair]
+    return {**{k: v for k, v in SETTINGS.items() if k not in skip}, "epochs": epochs}
 
 
-def longer_command(pair):
+def longer_command(pair, epochs=None):
+    """The `keras-transformer train` command of a second stage."""
     source, target = PAIRS[pair]
-    options = " ".join(f"--{key.replace('_', '-')} {value}" for key, value in longer_settings(pair).items())
+    options = " ".join(
+        f"--{key.replace('_', '-')} {value}" for key, value in longer_settings(pair, epochs).items()
+    )
     return (
         f"keras-transformer train --from-preset STAGE1 --source {source} --target {target} "
         f"{options} --data-dir DATA --output-dir RUN2"
     )
+
+
+def first_stage_record(preset):
+    """The `training` block of the preset a second stage starts from; exits
+    with a message if it lacks what the second stage's metadata needs."""
+    from keras_transformer.presets import preset_metadata
+
+    training = preset_metadata(preset).get("training") or {}
+    missing = [key for key in ("command", "steps", "wall_time_hours") if key not in training]
+    if missing:
+        raise SystemExit(
+            f"{preset!r} has no training record to build on (its metadata.json lacks training."
+            f"{', training.'.join(missing)}): start a second stage from a preset written by `package`."
+        )
+    return training
 
 
 def train(args):
@@ -96,6 +116,7 @@ def train(args):
     if args.from_preset:
         if args.pair not in LONGER_EPOCHS:
             raise SystemExit(f"{args.pair} has no second stage; choose one of {sorted(LONGER_EPOCHS)}.")
+        first_stage_record(args.from_preset)
         train_multi30k(args.run_dir, source=source, target=target, data_dir=args.data_dir,
                        initial_preset=args.from_preset, **longer_settings(args.pair))
     else:
@@ -105,10 +126,11 @@ def train(args):
 def training_record(args, run):
     """The `training` block of the metadata: one stage, or, for a run from
     a preset, that preset's stages and this one."""
+    settings = {key: value for key, value in run.items() if key != "initial_training"}
     stage = {
         "command": train_command(args.pair),
         "example": f"python examples/multi30k_presets.py train --pair {args.pair} --data-dir DATA --run-dir RUN",
-        "settings": run,
+        "settings": settings,
         "steps": (run.get("initial_step") or 0) + run["epochs"] * run["steps_per_epoch"],
         "averaged_checkpoints": run["keep_checkpoints"],
         "wall_time_hours": training_hours(args.run_dir),
@@ -117,25 +139,42 @@ def training_record(args, run):
     }
     if not run.get("initial_preset"):
         return stage
-    from keras_transformer.presets import read_metadata
-    from keras_transformer.presets import resolve
-
-    before = read_metadata(resolve(run["initial_preset"])).get("training", {})
+    # The record the run kept when it started; runs from before it kept one
+    # read the preset, which must still be the one the run started from.
+    before = run.get("initial_training")
+    if not before:
+        before = first_stage_record(run["initial_preset"])
+        if before["steps"] != run.get("initial_step"):
+            raise SystemExit(
+                f"{run['initial_preset']!r} was trained for {before['steps']} steps but the run started "
+                f"from step {run.get('initial_step')}: it is no longer the preset the run started from "
+                "(was it packaged over already?). Package into another --output-root."
+            )
+    before = dict(before)
+    package_first = (
+        f"python examples/multi30k_presets.py package --pair {args.pair} --data-dir DATA --run-dir RUN "
+        f"--output-root STAGE1_ROOT"
+    )
     stage.update(
-        command=longer_command(args.pair),
+        command=longer_command(args.pair, run["epochs"]),
         example=stage["example"].replace("RUN", "RUN2") + " --from-preset STAGE1",
-        started_from="STAGE1: the previous stage's RUN packaged by `package` (float16 weights)",
+        started_from=f"STAGE1 = STAGE1_ROOT/{preset_name(args.pair)}: the previous stage packaged by "
+                     f"`{package_first}` (float16 weights)",
     )
     stages = before.pop("stages", None) or [before]
     stages = [*stages, stage]
+    stage1 = f"STAGE1_ROOT/{preset_name(args.pair)}"
+    command = stages[0]["command"]
+    for later in stages[1:]:
+        command += f" && {package_first} && {later['command'].replace('STAGE1', stage1)}"
     return {
-        "command": " && ".join(s["command"] for s in stages),
+        "command": command,
         "stages": stages,
         "steps": stage["steps"],
         "averaged_checkpoints": stage["averaged_checkpoints"],
         "wall_time_hours": round(sum(s["wall_time_hours"] for s in stages), 2),
-        "hardware": stage["hardware"],
-        "backend": stage["backend"],
+        "hardware": "; ".join(dict.fromkeys(s["hardware"] for s in stages)),
+        "backend": ", ".join(dict.fromkeys(s["backend"] for s in stages)),
     }
 
 

@@ -65,39 +65,92 @@ def _continue_from_checkpoint(backup_dir, checkpoint_dir, steps_per_epoch, initi
     newest = checkpoints[-1]
     step = checkpoint_step(newest)
     epoch = (step - initial_step) // steps_per_epoch
-    os.makedirs(backup_dir)
-    shutil.copyfile(newest, os.path.join(backup_dir, "latest.weights.h5"))
-    with open(os.path.join(backup_dir, "training_metadata.json"), "w") as f:
+    # Written beside and moved into place, so that a kill halfway leaves no
+    # empty backup (which would restart the run from its first epoch).
+    partial = backup_dir + ".partial"
+    shutil.rmtree(partial, ignore_errors=True)
+    os.makedirs(partial)
+    shutil.copyfile(newest, os.path.join(partial, "latest.weights.h5"))
+    with open(os.path.join(partial, "training_metadata.json"), "w") as f:
         json.dump({"epoch": epoch, "batch": 0}, f)
+    os.replace(partial, backup_dir)
     print(f"Continuing from {newest} (step {step}, after epoch {epoch}).")
 
 
+# Backbone arguments a run from a preset may change: the others shape its
+# weights.
+PRESET_OVERRIDES = ("dropout", "attention_dropout")
+
+
+def _same_preset(a, b):
+    if a == b:
+        return True
+    return bool(a and b and os.path.isdir(a) and os.path.isdir(b) and os.path.samefile(a, b))
+
+
+def _check_run_start(output_dir, initial_preset):
+    """Refuses to resume a run with another start than it had: a run from a
+    preset must be resumed from that preset, a run from scratch from
+    scratch (their vocabularies and steps differ)."""
+    run_file = os.path.join(output_dir, "run.json")
+    if not os.path.exists(run_file):
+        return
+    with open(run_file) as f:
+        started_from = json.load(f).get("initial_preset")
+    if _same_preset(started_from, initial_preset):
+        return
+    if started_from:
+        raise ValueError(
+            f"{output_dir} holds a run that started from preset {started_from!r}; resume it with "
+            f"initial_preset={started_from!r} (--from-preset {started_from}), or choose a new output directory."
+        )
+    raise ValueError(
+        f"{output_dir} holds a run trained from scratch; it cannot go on from preset {initial_preset!r}. "
+        "Choose a new output directory to start from the preset."
+    )
+
+
+def _preset_steps(preset, training):
+    """The steps a preset was trained for, from its metadata's `training`
+    block: `steps`, else its `initial_step` plus `epochs` times
+    `steps_per_epoch`; None if the metadata does not say."""
+    if training.get("steps") is not None:
+        return int(training["steps"])
+    settings = training.get("settings", training)
+    if settings.get("epochs") and settings.get("steps_per_epoch"):
+        return int(settings.get("initial_step") or 0) + settings["epochs"] * settings["steps_per_epoch"]
+    return None
+
+
 def _initial_preset(preset, output_dir, source, target, save=True):
-    """The tokenizer and training step of a preset that a run starts from.
+    """The tokenizer, training step and training record of a preset that a
+    run starts from.
 
     The run keeps the preset's vocabulary (its embeddings are indexed by
     it), saved as the run's own tokenizer so that a resumed run reads the
     same one. The step is the number of steps the preset was trained for
-    (`training.steps` in its metadata, 0 if absent), so that the
-    learning-rate schedule goes on from where the preset's training left it
-    rather than warming up again.
+    (see `_preset_steps`), so that the learning-rate schedule goes on from
+    where the preset's training left it rather than warming up again. The
+    record is the preset's metadata `training` block, kept in the run's
+    `run.json` (as `initial_training`) to describe the whole training later.
     """
-    from keras_transformer.presets import read_metadata
-    from keras_transformer.presets import resolve
+    from keras_transformer.presets import preset_metadata
 
     path = os.path.join(output_dir, TOKENIZER_FILE)
     run_file = os.path.join(output_dir, "run.json")
     if os.path.exists(path) and os.path.exists(run_file):
-        # A run that started before: its own vocabulary and first step, even
-        # if the preset has changed since (a newer version of a shipped one).
+        # A run that started before: its own vocabulary, first step and
+        # record, even if the preset has changed since (a newer version of a
+        # shipped one).
         with open(run_file) as f:
-            return TransformerTokenizer(proto=path), int(json.load(f).get("initial_step") or 0)
+            run = json.load(f)
+        return TransformerTokenizer(proto=path), int(run.get("initial_step") or 0), run.get("initial_training")
     tokenizer = TransformerTokenizer.from_preset(preset)
     if save:
         with open(path + ".partial", "wb") as f:
             f.write(tokenizer.proto)
         os.replace(path + ".partial", path)
-    metadata = read_metadata(resolve(preset)) if os.path.isdir(resolve(preset)) else {}
+    metadata = preset_metadata(preset)
     languages = metadata.get("languages", {})
     if languages and (languages.get("source"), languages.get("target")) != (source, target):
         warnings.warn(
@@ -106,7 +159,8 @@ def _initial_preset(preset, output_dir, source, target, save=True):
             f"{source} or {target} poorly.",
             stacklevel=3,
         )
-    return tokenizer, int(metadata.get("training", {}).get("steps", 0))
+    training = metadata.get("training") or None
+    return tokenizer, _preset_steps(preset, training or {}), training
 
 
 def train_multi30k(
@@ -195,6 +249,15 @@ def train_multi30k(
     """
     if config not in CONFIGS:
         raise ValueError(f"Unknown config {config!r}; choose one of {sorted(CONFIGS)}.")
+    if initial_step is not None and initial_step < 0:
+        raise ValueError(f"initial_step must be 0 or more; got {initial_step}.")
+    fixed = sorted(key for key in config_overrides if key not in PRESET_OVERRIDES)
+    if initial_preset and fixed:
+        raise ValueError(
+            f"A run from a preset keeps the preset's architecture: {', '.join(fixed)} cannot change "
+            f"(only {', '.join(PRESET_OVERRIDES)} can). Train from scratch with `config` to change it."
+        )
+    _check_run_start(output_dir, initial_preset)
     os.makedirs(output_dir, exist_ok=True)
     keras.utils.set_random_seed(seed)
     sources, targets = multi30k.load("train", source, target, data_dir)
@@ -209,8 +272,18 @@ def train_multi30k(
     # backup for resuming.
     chief = strategy is None or strategy.process_index == 0
     batching = {} if strategy is None else strategy.batching()
+    initial_training = None
     if initial_preset:
-        tokenizer, preset_step = _initial_preset(initial_preset, output_dir, source, target, save=chief)
+        tokenizer, preset_step, initial_training = _initial_preset(
+            initial_preset, output_dir, source, target, save=chief
+        )
+        if initial_step is None and preset_step is None:
+            warnings.warn(
+                f"The metadata of preset {initial_preset!r} does not say how many steps it was trained "
+                "for, so the learning-rate schedule starts again from step 0 (warming up again); pass "
+                "initial_step (--initial-step) to go on from another step.",
+                stacklevel=2,
+            )
         initial_step = preset_step if initial_step is None else initial_step
     else:
         tokenizer = _tokenizer(output_dir, sources + targets, vocabulary_size, tokenizer_algorithm, save=chief)
@@ -259,6 +332,7 @@ def train_multi30k(
         "config": None if initial_preset else config,
         "initial_preset": initial_preset,
         "initial_step": initial_step,
+        "initial_training": initial_training,
         "backbone": backbone_config,
         "vocabulary_size": tokenizer.vocabulary_size(),
         "tokenizer_algorithm": None if initial_preset else tokenizer_algorithm,

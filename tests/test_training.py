@@ -1,5 +1,6 @@
 """Resumable training runs, checkpoint averaging (section 6.1), BLEU, CLI."""
 
+import json
 import os
 
 import keras
@@ -72,7 +73,7 @@ def test_killed_run_resumes_where_it_stopped_then_evaluates(tmp_path, multi30k_d
     run = str(tmp_path / "run")
     with pytest.raises(KeyboardInterrupt):
         train_multi30k(run, data_dir=multi30k_dir, extra_callbacks=[_Interrupt()], **RUN)
-    steps_per_epoch = __import__("json").load(open(os.path.join(run, "run.json")))["steps_per_epoch"]
+    steps_per_epoch = _read_json(os.path.join(run, "run.json"))["steps_per_epoch"]
     first = list_checkpoints(os.path.join(run, "checkpoints"))
     assert [os.path.basename(p) for p in first] == [f"step-{steps_per_epoch:09d}.weights.h5"]
 
@@ -107,9 +108,9 @@ def test_killed_run_resumes_where_it_stopped_then_evaluates(tmp_path, multi30k_d
     assert len(open(output, encoding="utf-8").read().splitlines()) == 16
 
 
-class _RecordWeights(keras.callbacks.Callback):
-    def on_train_begin(self, logs=None):
-        self.weights = [keras.ops.convert_to_numpy(w) for w in self.model.backbone.weights]
+def _read_json(path):
+    with open(path) as f:
+        return json.load(f)
 
 
 def _tiny_preset(directory, multi30k_dir, steps):
@@ -146,7 +147,7 @@ def test_run_from_a_preset_keeps_its_weights_vocabulary_and_schedule(tmp_path, m
         model, history = train_multi30k(
             run, data_dir=multi30k_dir, initial_preset=preset, extra_callbacks=[record], **settings
         )
-    steps_per_epoch = __import__("json").load(open(os.path.join(run, "run.json")))["steps_per_epoch"]
+    steps_per_epoch = _read_json(os.path.join(run, "run.json"))["steps_per_epoch"]
     for started, loaded in zip(record.weights, reference.backbone.weights):
         np.testing.assert_array_equal(started, keras.ops.convert_to_numpy(loaded))
     assert model.backbone.dropout == 0.2 and model.backbone.d_model == 64
@@ -159,23 +160,54 @@ def test_run_from_a_preset_keeps_its_weights_vocabulary_and_schedule(tmp_path, m
     assert [os.path.basename(p) for p in list_checkpoints(os.path.join(run, "checkpoints"))] == [
         f"step-{preset_steps + steps_per_epoch:09d}.weights.h5"
     ]
-    metadata = __import__("json").load(open(os.path.join(run, "model", "metadata.json")))
+    metadata = _read_json(os.path.join(run, "model", "metadata.json"))
     assert metadata["training"]["initial_preset"] == preset
     assert metadata["training"]["initial_step"] == preset_steps
     assert metadata["training"]["steps"] == preset_steps + steps_per_epoch
+    # The run keeps the preset's training record, to describe both later.
+    assert _read_json(os.path.join(run, "run.json"))["initial_training"] == {"steps": preset_steps}
 
     # Rerun for longer: one more epoch, not a fresh start; the run keeps its
     # own first step even if the preset changed in the meantime.
-    with open(os.path.join(preset, "metadata.json")) as f:
-        changed = __import__("json").load(f)
+    changed = _read_json(os.path.join(preset, "metadata.json"))
     changed["training"]["steps"] = 999
     with open(os.path.join(preset, "metadata.json"), "w") as f:
-        __import__("json").dump(changed, f)
+        json.dump(changed, f)
     capsys.readouterr()
     model, history = train_multi30k(run, data_dir=multi30k_dir, initial_preset=preset, **{**settings, "epochs": 2})
     assert len(history.history["loss"]) == 1
     assert int(keras.ops.convert_to_numpy(model.optimizer.iterations)) == preset_steps + 2 * steps_per_epoch
     assert "after epoch 1)" in capsys.readouterr().out
+    assert _read_json(os.path.join(run, "run.json"))["initial_training"] == {"steps": preset_steps}
+
+    # Resumed without the preset it started from: refused, the run intact.
+    with pytest.raises(ValueError, match="started from preset .*--from-preset"):
+        train_multi30k(run, data_dir=multi30k_dir, **{**settings, "epochs": 3})
+    assert _read_json(os.path.join(run, "run.json"))["initial_preset"] == preset
+
+
+def test_a_run_from_a_preset_refuses_what_it_cannot_do(tmp_path, multi30k_dir):
+    from keras_transformer.training import _preset_steps
+
+    preset = "transformer_multi30k_de_en"
+    with pytest.raises(ValueError, match="initial_step must be 0 or more"):
+        train_multi30k(str(tmp_path / "a"), data_dir=multi30k_dir, initial_preset=preset, initial_step=-1)
+    with pytest.raises(ValueError, match="d_model, num_layers cannot change .*only dropout"):
+        train_multi30k(str(tmp_path / "b"), data_dir=multi30k_dir, initial_preset=preset, num_layers=2, d_model=64)
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    (scratch / "run.json").write_text(json.dumps({"initial_preset": None, "epochs": 3}))
+    with pytest.raises(ValueError, match="trained from scratch; it cannot go on from preset"):
+        train_multi30k(str(scratch), data_dir=multi30k_dir, initial_preset=preset)
+    assert json.loads((scratch / "run.json").read_text()) == {"initial_preset": None, "epochs": 3}
+    assert not os.path.exists(tmp_path / "a") and not os.path.exists(tmp_path / "b")
+
+    # The steps a preset was trained for: recorded, or worked out from the
+    # epochs of a run's own model (flat) or of a packaged preset (settings).
+    assert _preset_steps(preset, {"steps": 7, "epochs": 2, "steps_per_epoch": 3}) == 7
+    assert _preset_steps(preset, {"epochs": 2, "steps_per_epoch": 3, "initial_step": 10}) == 16
+    assert _preset_steps(preset, {"settings": {"epochs": 4, "steps_per_epoch": 5}}) == 20
+    assert _preset_steps(preset, {}) is None
 
 
 def test_cli_rejects_unknown_config(tmp_path, multi30k_dir):

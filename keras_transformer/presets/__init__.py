@@ -69,6 +69,25 @@ def read_metadata(directory):
         return json.load(f)
 
 
+def preset_metadata(preset):
+    """The `metadata.json` of a preset given by name, directory or handle,
+    as a dict (empty if it has none or it cannot be read)."""
+    directory = resolve(preset)
+    if os.path.isdir(directory):
+        return read_metadata(directory)
+    if "://" not in str(preset):
+        return {}
+    # keras-hub has no public call that reads one file of a preset; its
+    # `get_file` downloads it into keras-hub's cache like the other files.
+    from keras_hub.src.utils.preset_utils import get_file
+
+    try:
+        with open(get_file(preset, METADATA_FILE), encoding="utf-8") as f:
+            return json.load(f)
+    except Exception:  # absent, or not reachable: the caller goes without.
+        return {}
+
+
 def _size_on_disk(directory):
     return sum(
         os.path.getsize(os.path.join(root, name))
