@@ -373,6 +373,7 @@ def train_multi30k(
     history = model.fit(
         train_batches.dataset(repeat=True),
         validation_data=val_batches.dataset(),
+        shuffle=False,  # The batches shuffle themselves each pass.
         epochs=epochs,
         steps_per_epoch=steps_per_epoch,
         callbacks=callbacks,

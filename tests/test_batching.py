@@ -62,6 +62,7 @@ def test_dataset_reshuffles_each_pass(small_tokenizer, multi30k_train):
     second = [x["encoder_token_ids"].shape for x, _, _ in dataset.as_numpy_iterator()]
     assert sorted(first) == sorted(second) and first != second
     assert len(first) == len(batches)
+    assert int(dataset.cardinality()) == len(batches)
 
 
 def test_pad_to_multiple_of_bounds_the_shapes(small_tokenizer, multi30k_train):

@@ -210,6 +210,11 @@ class TokenBudgetBatches:
         dataset = dataset.with_options(options)
         if repeat:
             dataset = dataset.repeat()
+        else:
+            # A generator's length is unknown to tf.data; told it, Keras
+            # knows an epoch's steps (a progress bar with an end, and no
+            # "ran out of data" warning after a validation pass).
+            dataset = dataset.apply(tf.data.experimental.assert_cardinality(len(self)))
         return dataset.prefetch(tf.data.AUTOTUNE)
 
 
