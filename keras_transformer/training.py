@@ -88,15 +88,36 @@ def _same_preset(a, b):
     return bool(a and b and os.path.isdir(a) and os.path.isdir(b) and os.path.samefile(a, b))
 
 
+def _read_run(output_dir):
+    """The `run.json` of a run that started before (empty if none)."""
+    run_file = os.path.join(output_dir, "run.json")
+    if not os.path.exists(run_file):
+        return {}
+    with open(run_file) as f:
+        return json.load(f)
+
+
+def _epoch_plan(num_batches, epochs, steps, previous_run):
+    """`(epochs, steps_per_epoch)` of a run of `epochs` passes over
+    `num_batches` batches, or of `steps` steps if given: epochs of at most one
+    pass, as many as `steps` needs (rounded up to whole epochs). A run that
+    started before keeps its epoch length, so that its checkpoints' steps map
+    to the same epochs and a rerun with a larger `steps` trains on to that
+    total."""
+    if not steps:
+        return epochs, num_batches
+    steps_per_epoch = min(num_batches, previous_run.get("steps_per_epoch") or steps)
+    return math.ceil(steps / steps_per_epoch), steps_per_epoch
+
+
 def _check_run_start(output_dir, initial_preset):
     """Refuses to resume a run with another start than it had: a run from a
     preset must be resumed from that preset, a run from scratch from
     scratch (their vocabularies and steps differ)."""
-    run_file = os.path.join(output_dir, "run.json")
-    if not os.path.exists(run_file):
+    run = _read_run(output_dir)
+    if not run:
         return
-    with open(run_file) as f:
-        started_from = json.load(f).get("initial_preset")
+    started_from = run.get("initial_preset")
     if _same_preset(started_from, initial_preset):
         return
     if started_from:
@@ -215,7 +236,9 @@ def train_multi30k(
             larger values mean fewer distinct shapes to compile (JAX) at the
             cost of more padding.
         epochs: passes over the training data.
-        steps: if given, train this many steps instead of `epochs` passes.
+        steps: if given, train this many steps instead of `epochs` passes
+            (rounded up to whole epochs of at most one pass each; rerun with
+            a larger `steps`, a run trains on to the new total).
         warmup_steps: warm-up steps of the learning-rate schedule.
         learning_rate_scale: factor on the schedule.
         label_smoothing: eps_ls.
@@ -321,10 +344,7 @@ def train_multi30k(
         val_sources, val_targets, tokenizer, max_tokens=max_tokens, max_length=max_sequence_length,
         pad_to_multiple_of=pad_to_multiple_of, shuffle=False, **batching,
     )
-    steps_per_epoch = len(train_batches)
-    if steps:
-        steps_per_epoch = min(steps_per_epoch, steps)
-        epochs = math.ceil(steps / steps_per_epoch)
+    epochs, steps_per_epoch = _epoch_plan(len(train_batches), epochs, steps, _read_run(output_dir))
     run_info = {
         "data": f"Multi30k task 1 train, {source}-{target}",
         "source": source,

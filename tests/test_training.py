@@ -210,6 +210,18 @@ def test_a_run_from_a_preset_refuses_what_it_cannot_do(tmp_path, multi30k_dir):
     assert _preset_steps(preset, {}) is None
 
 
+def test_steps_make_epochs_of_at_most_one_pass_and_reruns_train_on_to_the_total():
+    from keras_transformer.training import _epoch_plan
+
+    assert _epoch_plan(132, 30, None, {}) == (30, 132)
+    assert _epoch_plan(132, 30, 50, {}) == (1, 50)
+    assert _epoch_plan(132, 30, 300, {}) == (3, 132)
+    # A run of 50 steps rerun with 100: epochs of 50 still, so one more
+    # epoch, 100 steps in all (not one epoch of 100 after the first 50).
+    assert _epoch_plan(132, 30, 100, {"steps_per_epoch": 50}) == (2, 50)
+    assert _epoch_plan(132, 30, 400, {"steps_per_epoch": 132}) == (4, 132)
+
+
 def test_cli_rejects_unknown_config(tmp_path, multi30k_dir):
     with pytest.raises(ValueError, match="Unknown config 'huge'"):
         cli.main(["train", "--output-dir", str(tmp_path), "--data-dir", multi30k_dir, "--config", "huge"])
