@@ -173,9 +173,16 @@ def training_record(args, run):
         "steps": stage["steps"],
         "averaged_checkpoints": stage["averaged_checkpoints"],
         "wall_time_hours": round(sum(s["wall_time_hours"] for s in stages), 2),
-        "hardware": "; ".join(dict.fromkeys(s["hardware"] for s in stages)),
-        "backend": ", ".join(dict.fromkeys(s["backend"] for s in stages)),
+        "hardware": _per_stage([s["hardware"] for s in stages]),
+        "backend": _per_stage([s["backend"] for s in stages]),
     }
+
+
+def _per_stage(values):
+    """One value if the stages agree, else each stage's."""
+    if len(set(values)) == 1:
+        return values[0]
+    return " | ".join(f"stage {i}: {value}" for i, value in enumerate(values, 1))
 
 
 def training_hours(run_dir):
