@@ -13,6 +13,7 @@ import shutil
 import warnings
 
 import keras
+import numpy as np
 
 from keras_transformer.callbacks import BleuEvaluation
 from keras_transformer.callbacks import KeepLastCheckpoints
@@ -27,6 +28,8 @@ from keras_transformer.models import TransformerSeq2SeqLM
 from keras_transformer.models import TransformerSeq2SeqLMPreprocessor
 from keras_transformer.models import TransformerTokenizer
 from keras_transformer.models import train_tokenizer
+from keras_transformer.presets import CONFIG_FILE
+from keras_transformer.presets import read_preset_file
 from keras_transformer.schedules import paper_optimizer
 
 TOKENIZER_FILE = "tokenizer.spm"
@@ -75,6 +78,21 @@ def _continue_from_checkpoint(backup_dir, checkpoint_dir, steps_per_epoch, initi
         json.dump({"epoch": epoch, "batch": 0}, f)
     os.replace(partial, backup_dir)
     print(f"Continuing from {newest} (step {step}, after epoch {epoch}).")
+
+
+def _finished_epochs(backup_dir):
+    """Epochs a run's `BackupAndRestore` backup has finished (0 if none)."""
+    path = os.path.join(backup_dir, "training_metadata.json")
+    if not os.path.exists(path):
+        return 0
+    with open(path) as f:
+        return int(json.load(f)["epoch"])
+
+
+def _seed_at(seed, step):
+    """The random seed of a run started again at `step`: another one for
+    each step, so that dropout does not draw the masks it drew before."""
+    return int(np.random.SeedSequence([seed, step]).generate_state(1)[0])
 
 
 # Backbone arguments a run from a preset may change: the others shape its
@@ -311,10 +329,28 @@ def train_multi30k(
     else:
         tokenizer = _tokenizer(output_dir, sources + targets, vocabulary_size, tokenizer_algorithm, save=chief)
     initial_step = initial_step or 0
+    if initial_preset:
+        max_sequence_length = read_preset_file(initial_preset, CONFIG_FILE)["config"]["max_sequence_length"]
+    train_batches = token_budget_batches(
+        sources, targets, tokenizer, max_tokens=max_tokens, max_length=max_sequence_length,
+        pad_to_multiple_of=pad_to_multiple_of, seed=seed, **batching,
+    )
+    val_batches = token_budget_batches(
+        val_sources, val_targets, tokenizer, max_tokens=max_tokens, max_length=max_sequence_length,
+        pad_to_multiple_of=pad_to_multiple_of, shuffle=False, **batching,
+    )
+    epochs, steps_per_epoch = _epoch_plan(len(train_batches), epochs, steps, _read_run(output_dir))
+    backup = os.path.join(output_dir, "backup" if chief else f"backup-process-{strategy.process_index}")
+    _continue_from_checkpoint(backup, os.path.join(output_dir, "checkpoints"), steps_per_epoch, initial_step)
+    # Where this call starts in the run's stream of batches and of dropout
+    # masks: a resumed run goes on with new ones instead of replaying the
+    # first epoch's (which it would learn by heart over many restarts).
+    position = initial_step + _finished_epochs(backup) * steps_per_epoch
+    if position:
+        keras.utils.set_random_seed(_seed_at(seed, position))
     with strategy.scope() if strategy else contextlib.nullcontext():
         if initial_preset:
             backbone = TransformerBackbone.from_preset(initial_preset, **config_overrides)
-            max_sequence_length = backbone.max_sequence_length
         else:
             backbone = TransformerBackbone(
                 vocabulary_size=tokenizer.vocabulary_size(),
@@ -336,15 +372,6 @@ def train_multi30k(
     else:
         backbone_config = {**CONFIGS[config], **config_overrides, "max_sequence_length": max_sequence_length}
 
-    train_batches = token_budget_batches(
-        sources, targets, tokenizer, max_tokens=max_tokens, max_length=max_sequence_length,
-        pad_to_multiple_of=pad_to_multiple_of, seed=seed, **batching,
-    )
-    val_batches = token_budget_batches(
-        val_sources, val_targets, tokenizer, max_tokens=max_tokens, max_length=max_sequence_length,
-        pad_to_multiple_of=pad_to_multiple_of, shuffle=False, **batching,
-    )
-    epochs, steps_per_epoch = _epoch_plan(len(train_batches), epochs, steps, _read_run(output_dir))
     run_info = {
         "data": f"Multi30k task 1 train, {source}-{target}",
         "source": source,
@@ -375,8 +402,6 @@ def train_multi30k(
         with open(os.path.join(output_dir, "run.json"), "w") as f:
             json.dump(run_info, f, indent=2)
 
-    backup = os.path.join(output_dir, "backup" if chief else f"backup-process-{strategy.process_index}")
-    _continue_from_checkpoint(backup, os.path.join(output_dir, "checkpoints"), steps_per_epoch, initial_step)
     callbacks = [keras.callbacks.BackupAndRestore(backup)]
     if chief:
         callbacks.append(KeepLastCheckpoints(os.path.join(output_dir, "checkpoints"), keep=keep_checkpoints))
@@ -391,7 +416,7 @@ def train_multi30k(
         ]
     callbacks += list(extra_callbacks)
     history = model.fit(
-        train_batches.dataset(repeat=True),
+        train_batches.dataset(repeat=True, start=position),
         validation_data=val_batches.dataset(),
         shuffle=False,  # The batches shuffle themselves each pass.
         epochs=epochs,

@@ -65,6 +65,29 @@ def test_dataset_reshuffles_each_pass(small_tokenizer, multi30k_train):
     assert int(dataset.cardinality()) == len(batches)
 
 
+def test_a_stream_started_later_goes_on_as_an_uninterrupted_one(small_tokenizer, multi30k_train):
+    sources, targets = multi30k_train
+    batches = token_budget_batches(sources[:2000], targets[:2000], small_tokenizer, max_tokens=512, seed=1)
+    n = len(batches)
+
+    def firsts(dataset, count):
+        return [tuple(x["encoder_token_ids"][0]) for x, _, _ in dataset.take(count).as_numpy_iterator()]
+
+    uninterrupted = firsts(batches.dataset(repeat=True), 3 * n)
+    # The passes differ, and a stream resumed mid-pass sees what an
+    # uninterrupted one would: not the first pass again.
+    assert uninterrupted[:n] != uninterrupted[n : 2 * n]
+    for start in (n, n + 5, 2 * n - 1):
+        assert firsts(batches.dataset(repeat=True, start=start), 3 * n - start) == uninterrupted[start:]
+    # A pass's order does not depend on the passes drawn before.
+    again = token_budget_batches(sources[:2000], targets[:2000], small_tokenizer, max_tokens=512, seed=1)
+    np.testing.assert_array_equal(again.order(2), batches.order(2))
+    with pytest.raises(ValueError, match="needs repeat=True"):
+        batches.dataset(start=3)
+    with pytest.raises(ValueError, match="0 or more"):
+        batches.dataset(repeat=True, start=-1)
+
+
 def test_pad_to_multiple_of_bounds_the_shapes(small_tokenizer, multi30k_train):
     sources, targets = multi30k_train
     batches = token_budget_batches(sources[:3000], targets[:3000], small_tokenizer, max_tokens=1024, pad_to_multiple_of=8)

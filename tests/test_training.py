@@ -69,15 +69,47 @@ RUN = dict(
 )
 
 
-def test_killed_run_resumes_where_it_stopped_then_evaluates(tmp_path, multi30k_dir, capsys):
-    run = str(tmp_path / "run")
+class _RecordSeeds(keras.callbacks.Callback):
+    """The dropout layers' random states when each `fit` begins."""
+
+    def __init__(self):
+        super().__init__()
+        self.states = []
+
+    def on_train_begin(self, logs=None):
+        seeds = [v for v in self.model.variables if "seed_generator" in v.path]
+        assert seeds, "the model has no dropout seed generators to record"
+        self.states.append(np.concatenate([keras.ops.convert_to_numpy(v).ravel() for v in seeds]))
+
+
+def _record_stream_starts(monkeypatch):
+    """The `start` of every training stream `train_multi30k` asks for."""
+    from keras_transformer.data import TokenBudgetBatches
+
+    starts, dataset = [], TokenBudgetBatches.dataset
+
+    def recording(self, repeat=False, start=0):
+        if repeat:
+            starts.append(start)
+        return dataset(self, repeat=repeat, start=start)
+
+    monkeypatch.setattr(TokenBudgetBatches, "dataset", recording)
+    return starts
+
+
+def test_killed_run_resumes_where_it_stopped_then_evaluates(tmp_path, multi30k_dir, capsys, monkeypatch):
+    run, seeds, starts = str(tmp_path / "run"), _RecordSeeds(), _record_stream_starts(monkeypatch)
     with pytest.raises(KeyboardInterrupt):
-        train_multi30k(run, data_dir=multi30k_dir, extra_callbacks=[_Interrupt()], **RUN)
+        train_multi30k(run, data_dir=multi30k_dir, extra_callbacks=[_Interrupt(), seeds], **RUN)
     steps_per_epoch = _read_json(os.path.join(run, "run.json"))["steps_per_epoch"]
     first = list_checkpoints(os.path.join(run, "checkpoints"))
     assert [os.path.basename(p) for p in first] == [f"step-{steps_per_epoch:09d}.weights.h5"]
 
-    model, history = train_multi30k(run, data_dir=multi30k_dir, **RUN)
+    model, history = train_multi30k(run, data_dir=multi30k_dir, extra_callbacks=[seeds], **RUN)
+    # The resumed run goes on with the batches of the second pass and with
+    # other dropout masks, rather than replaying the first epoch's.
+    assert starts == [0, steps_per_epoch]
+    assert not np.array_equal(seeds.states[0], seeds.states[1])
     # Only the second epoch ran, and the optimizer continued its count.
     assert len(history.history["loss"]) == 1
     assert "val_bleu" in history.history
@@ -92,6 +124,7 @@ def test_killed_run_resumes_where_it_stopped_then_evaluates(tmp_path, multi30k_d
     # checkpoint (the optimizer's step too), not from scratch.
     model, history = train_multi30k(run, data_dir=multi30k_dir, **{**RUN, "epochs": 3})
     assert len(history.history["loss"]) == 1
+    assert starts == [0, steps_per_epoch, 2 * steps_per_epoch]
     assert int(keras.ops.convert_to_numpy(model.optimizer.iterations)) == 3 * steps_per_epoch
     assert [os.path.basename(p) for p in list_checkpoints(os.path.join(run, "checkpoints"))] == [
         f"step-{s * steps_per_epoch:09d}.weights.h5" for s in (2, 3)

@@ -95,8 +95,11 @@ class TokenBudgetBatches:
         self.pad_id = pad_id
         self.shuffle = shuffle
         self.num_replicas, self.num_shards, self.shard_index = int(num_replicas), int(num_shards), int(shard_index)
-        # Every process draws the same permutation, then takes its share.
-        self._rng = np.random.default_rng(seed)
+        # Pass k's order is drawn from this seed alone (every process draws
+        # the same and takes its share), so a resumed run can go on with the
+        # order an uninterrupted one would have had.
+        self._seed = np.random.SeedSequence(seed).entropy
+        self._passes = 0
         source_lengths = np.array([len(ids) for ids in self.encoder_ids])
         # The decoder sees the target without its last token.
         target_lengths = np.array([len(ids) - 1 for ids in self.decoder_ids])
@@ -183,17 +186,52 @@ class TokenBudgetBatches:
         }
         return inputs, labels, (labels != self.pad_id).astype("float32")
 
+    def order(self, pass_index):
+        """The indices into `self.batches` that pass `pass_index` (0 is the
+        first) gives this process, in order. The same for the same seed
+        however many passes were drawn before."""
+        if self.shuffle:
+            rng = np.random.default_rng(self._seed)
+            for _ in range(pass_index):
+                rng.permutation(len(self.batches))
+            order = rng.permutation(len(self.batches))
+        else:
+            order = np.arange(len(self.batches))
+        return order[self.shard_index :: self.num_shards][: len(self)]
+
     def __iter__(self):
-        order = self._rng.permutation(len(self.batches)) if self.shuffle else np.arange(len(self.batches))
-        for i in order[self.shard_index :: self.num_shards][: len(self)]:
+        """One pass, the next one each time."""
+        order = self.order(self._passes)
+        self._passes += 1
+        for i in order:
             yield self.batch(self.batches[i])
 
-    def dataset(self, repeat=False):
+    def _stream(self, start):
+        """Every pass one after the other, from the `start`-th batch on."""
+        pass_index, offset = divmod(start, len(self))
+        while True:
+            for i in self.order(pass_index)[offset:]:
+                yield self.batch(self.batches[i])
+            pass_index, offset = pass_index + 1, 0
+
+    def dataset(self, repeat=False, start=0):
         """A `tf.data.Dataset` of `(inputs, labels, sample_weight)` batches.
 
         Every pass over the dataset shuffles the batch order anew. Works as
         `model.fit` input on every backend.
+
+        Args:
+            repeat: one pass (`False`), or every pass after the other, without
+                end, for `fit` with `steps_per_epoch`.
+            start: with `repeat`, the batches to skip, as if trained on
+                already: a resumed run passes the steps it has done and goes
+                on with the batches an uninterrupted run would see next,
+                rather than with the first pass's again.
         """
+        if start and not repeat:
+            raise ValueError(f"start={start} needs repeat=True: one pass has no batches to skip.")
+        if start < 0:
+            raise ValueError(f"start must be 0 or more; got {start}.")
         import tensorflow as tf
 
         ids = tf.TensorSpec((None, None), tf.int32)
@@ -202,15 +240,14 @@ class TokenBudgetBatches:
             ids,
             tf.TensorSpec((None, None), tf.float32),
         )
-        dataset = tf.data.Dataset.from_generator(self.__iter__, output_signature=signature)
+        generator = (lambda: self._stream(start)) if repeat else self.__iter__
+        dataset = tf.data.Dataset.from_generator(generator, output_signature=signature)
         # The batches are already this process's: tf.distribute must not
         # shard them again (it still splits each batch across the devices).
         options = tf.data.Options()
         options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.OFF
         dataset = dataset.with_options(options)
-        if repeat:
-            dataset = dataset.repeat()
-        else:
+        if not repeat:
             # A generator's length is unknown to tf.data; told it, Keras
             # knows an epoch's steps (a progress bar with an end, and no
             # "ran out of data" warning after a validation pass).

@@ -72,20 +72,33 @@ def read_metadata(directory):
 def preset_metadata(preset):
     """The `metadata.json` of a preset given by name, directory or handle,
     as a dict (empty if it has none or it cannot be read)."""
+    try:
+        return read_preset_file(preset, METADATA_FILE)
+    except FileNotFoundError:  # absent, or not reachable: the caller goes without.
+        return {}
+
+
+def read_preset_file(preset, name):
+    """One JSON file of a preset given by name, directory or handle, as a
+    dict; `FileNotFoundError` if the preset has no such file."""
     directory = resolve(preset)
     if os.path.isdir(directory):
-        return read_metadata(directory)
-    if "://" not in str(preset):
-        return {}
-    # keras-hub has no public call that reads one file of a preset; its
-    # `get_file` downloads it into keras-hub's cache like the other files.
-    from keras_hub.src.utils.preset_utils import get_file
+        path = os.path.join(directory, name)
+    elif "://" in str(preset):
+        # keras-hub has no public call that reads one file of a preset; its
+        # `get_file` downloads it into keras-hub's cache like the other files.
+        from keras_hub.src.utils.preset_utils import get_file
 
-    try:
-        with open(get_file(preset, METADATA_FILE), encoding="utf-8") as f:
-            return json.load(f)
-    except Exception:  # absent, or not reachable: the caller goes without.
-        return {}
+        try:
+            path = get_file(preset, name)
+        except Exception as error:
+            raise FileNotFoundError(f"Could not read {name} of preset {preset!r}: {error}") from error
+    else:
+        raise FileNotFoundError(f"{preset!r} is neither a preset directory, a shipped preset nor a handle.")
+    if not os.path.exists(path):
+        raise FileNotFoundError(f"Preset {preset!r} has no {name}.")
+    with open(path, encoding="utf-8") as f:
+        return json.load(f)
 
 
 def _size_on_disk(directory):
