@@ -47,7 +47,7 @@ SETTINGS = dict(
     warmup_steps=800, keep_checkpoints=5, bleu_sentences=200, seed=0,
 )
 # Epochs of the second stage, for the pairs that have one.
-LONGER_EPOCHS = {"de-en": 12}
+LONGER_EPOCHS = {"en-de": 12, "de-en": 12}
 DECODING = dict(beam_size=4, alpha=0.6, max_length_offset=50)
 TEST_SPLITS = ("test_2016_flickr", "test_2017_flickr")
 DATA_TERMS = (
