@@ -1,8 +1,9 @@
 """Train and package the Multi30k presets shipped with keras_transformer.
 
 The shipped presets `transformer_multi30k_en_de` and
-`transformer_multi30k_de_en` come from these two commands (from the
-repository root; a run that is killed resumes when the command is repeated):
+`transformer_multi30k_de_en` trained in two stages. The first comes from
+these two commands (from the repository root; a run that is killed resumes
+when the command is repeated):
 
     KERAS_BACKEND=torch python examples/multi30k_presets.py train --pair en-de \\
         --data-dir PATH/TO/multi30k --run-dir runs/multi30k-en-de
@@ -19,10 +20,11 @@ as in the paper), and writes the preset, weights stored in float16, into
 `keras_transformer/presets/NAME/` with its training command, data terms and
 scores in `metadata.json`.
 
-A preset can train longer in a second stage that starts from the first one
-as packaged (`keras-transformer train --from-preset`; the learning-rate
-schedule goes on from the first stage's last step). Its metadata then lists
-both stages, and its wall time is theirs together:
+The second stage trains `LONGER_EPOCHS` more epochs from the first one as
+packaged (`keras-transformer train --from-preset`; the learning-rate
+schedule goes on from the first stage's last step). The preset's metadata
+then lists both stages, and its wall time is theirs together (the same for
+en-de with `--pair en-de`):
 
     python examples/multi30k_presets.py package --pair de-en \\
         --data-dir PATH/TO/multi30k --run-dir runs/multi30k-de-en --output-root stage-1
