@@ -75,6 +75,25 @@ def test_round_trip_and_fine_tuning(saved, tmp_path):
     assert again.generate(SOURCES) == loaded.generate(SOURCES)
 
 
+def test_a_preset_assembled_part_by_part(saved, tmp_path):
+    # keras-hub's way: the backbone, then the preprocessor (with its
+    # tokenizer), each into the same directory; no part removes another.
+    model, _ = saved
+    directory = str(tmp_path / "parts")
+    model.backbone.save_to_preset(directory)
+    model.preprocessor.tokenizer.save_to_preset(directory, metadata={"note": "kept"})
+    model.preprocessor.save_to_preset(directory)
+    with open(os.path.join(directory, "metadata.json")) as f:
+        metadata = json.load(f)
+    assert metadata["parameter_count"] == model.backbone.count_params()
+    assert metadata["note"] == "kept"
+    loaded = TransformerSeq2SeqLM.from_preset(directory)
+    np.testing.assert_allclose(logits(loaded, SOURCES), logits(model, SOURCES), atol=1e-6)
+    # A backbone saved again leaves the tokenizer in place.
+    model.backbone.save_to_preset(directory)
+    assert TransformerTokenizer.from_preset(directory).vocabulary_size() == model.preprocessor.tokenizer.vocabulary_size()
+
+
 def test_unknown_preset_lists_the_shipped_ones():
     with pytest.raises(PresetError, match="Unknown preset 'transformer_multi30k_xx'") as error:
         TransformerSeq2SeqLM.from_preset("transformer_multi30k_xx")

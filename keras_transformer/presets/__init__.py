@@ -307,18 +307,25 @@ _saving = threading.local()
 
 
 @contextlib.contextmanager
-def saving(preset_dir, metadata=None):
+def saving(preset_dir, metadata=None, replaces=PRESET_ENTRIES):
     """Writes a preset into a fresh directory, then moves it into place.
 
     Yields the directory to write into. On success the written files replace
-    those of a preset already in `preset_dir` (other files there stay); if
-    writing fails, `preset_dir` is left exactly as it was and the partial
-    files are deleted. Nested saves (a task saving its backbone) write into
-    the outer save's directory.
+    those of a preset already in `preset_dir`; if writing fails,
+    `preset_dir` is left exactly as it was and the partial files are
+    deleted. Nested saves (a task saving its backbone) write into the outer
+    save's directory.
 
     Args:
         preset_dir: where the preset goes.
-        metadata: a dict merged into `metadata.json` after the save.
+        metadata: a dict merged into `metadata.json` after the save (into
+            the one already in `preset_dir` if the save writes none).
+        replaces: the files of an older preset in `preset_dir` that go
+            even if this save does not write them. A whole preset (a
+            task's) replaces all preset files, so that none of an older
+            model is left; a part saved beside the others, as keras-hub
+            assembles a preset (a backbone, then its tokenizer), replaces
+            fewer. Files that are not preset files always stay.
     """
     if getattr(_saving, "active", False):
         yield preset_dir
@@ -333,30 +340,33 @@ def saving(preset_dir, metadata=None):
     try:
         yield staging
         if metadata:
-            _merge_metadata(staging, metadata)
-        _move_into_place(staging, preset_dir)
+            _merge_metadata(staging, metadata, preset_dir)
+        _move_into_place(staging, preset_dir, replaces)
     finally:
         _saving.active = False
         shutil.rmtree(staging, ignore_errors=True)
 
 
-def _merge_metadata(directory, metadata):
+def _merge_metadata(directory, metadata, previous_dir):
     path = os.path.join(directory, METADATA_FILE)
+    if not os.path.exists(path) and os.path.isfile(os.path.join(previous_dir, METADATA_FILE)):
+        shutil.copyfile(os.path.join(previous_dir, METADATA_FILE), path)
     current = read_metadata(directory)
     current.update(metadata)
     with open(path, "w", encoding="utf-8") as f:
         json.dump(current, f, indent=4, ensure_ascii=False)
 
 
-def _move_into_place(staging, preset_dir):
+def _move_into_place(staging, preset_dir, replaces):
     os.makedirs(preset_dir, exist_ok=True)
     written = set(os.listdir(staging))
+    replaced = written | set(replaces)
     # Set the old preset's entries aside first, so that a failure while
     # moving can put them back.
     aside = tempfile.mkdtemp(prefix=f".{os.path.basename(preset_dir)}.previous-", dir=os.path.dirname(preset_dir))
     moved_aside, moved_in = [], []
     try:
-        for name in sorted(written | set(PRESET_ENTRIES)):
+        for name in sorted(replaced):
             if os.path.lexists(os.path.join(preset_dir, name)):
                 os.replace(os.path.join(preset_dir, name), os.path.join(aside, name))
                 moved_aside.append(name)
@@ -390,10 +400,21 @@ class PresetIO:
         return super().from_preset(resolve(os.fspath(preset)), *args, **kwargs)
 
     def save_to_preset(self, preset_dir, *args, metadata=None, **kwargs):
+        import keras_hub
+
         backbone = getattr(self, "backbone", self)
-        if hasattr(backbone, "count_params"):  # a model, which writes metadata.json
+        if isinstance(backbone, keras_hub.models.Backbone):  # it writes metadata.json
             metadata = {"tasks": _task_names(type(backbone)), **(metadata or {})}
-        with saving(preset_dir, metadata) as directory:
+        # A task writes a whole preset. A backbone, tokenizer or
+        # preprocessor writes one part beside the others; a new backbone
+        # makes an older task's files (which hold its config) wrong.
+        if isinstance(self, keras_hub.models.Task):
+            replaces = PRESET_ENTRIES
+        elif isinstance(self, keras_hub.models.Backbone):
+            replaces = (TASK_FILE, TASK_WEIGHTS_FILE)
+        else:
+            replaces = ()
+        with saving(preset_dir, metadata, replaces) as directory:
             super().save_to_preset(directory, *args, **kwargs)
 
 
