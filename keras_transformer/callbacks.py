@@ -17,17 +17,25 @@ import keras
 import numpy as np
 
 _PATTERN = "step-{step:09d}.weights.h5"
-_STEP = re.compile(r"step-(\d+)\.weights\.h5$")
+_STEP = re.compile(r"step-(\d+)\.weights\.h5")
+# Where a checkpoint is written before it takes its name: a kill mid-write
+# leaves a file that no glob for checkpoints matches.
+_PARTIAL = ".partial-{name}"
 
 
 def checkpoint_step(path):
     """The training step a `step-NNNNNNNNN.weights.h5` file was written at."""
-    return int(_STEP.search(path).group(1))
+    match = _STEP.fullmatch(os.path.basename(path))
+    if not match:
+        raise ValueError(f"{path!r} is not a checkpoint: its name is not step-NNNNNNNNN.weights.h5.")
+    return int(match.group(1))
 
 
 def list_checkpoints(directory):
-    """The checkpoint files in `directory`, oldest first."""
-    return sorted(glob.glob(os.path.join(directory, "step-*.weights.h5")), key=checkpoint_step)
+    """The checkpoint files in `directory`, oldest first (other files there
+    are left out)."""
+    paths = glob.glob(os.path.join(directory, "step-*.weights.h5"))
+    return sorted((p for p in paths if _STEP.fullmatch(os.path.basename(p))), key=checkpoint_step)
 
 
 class KeepLastCheckpoints(keras.callbacks.Callback):
@@ -65,11 +73,13 @@ class KeepLastCheckpoints(keras.callbacks.Callback):
         path = os.path.join(self.directory, _PATTERN.format(step=step))
         # Write to a temporary name first: a kill mid-write leaves no
         # truncated checkpoint under a real name.
-        partial = path + ".partial.weights.h5"
+        partial = os.path.join(self.directory, _PARTIAL.format(name=os.path.basename(path)))
         self.model.save_weights(partial, overwrite=True)
         os.replace(partial, path)
         for old in list_checkpoints(self.directory)[: -self.keep]:
             os.remove(old)
+        for left in glob.glob(os.path.join(self.directory, _PARTIAL.format(name="*"))):
+            os.remove(left)  # from a run killed mid-write
 
     def on_train_batch_end(self, batch, logs=None):
         if self.save_every and self._step() % self.save_every == 0:

@@ -41,10 +41,17 @@ def test_keep_last_checkpoints_and_average(tmp_path):
     model = _small_model()
     model.compile(optimizer="sgd", loss="mse")
     x, y = np.random.rand(32, 3), np.random.rand(32, 2)
+    # What a kill in the middle of writing a checkpoint leaves.
+    left = tmp_path / ".partial-step-000000003.weights.h5"
+    left.write_bytes(b"half a checkpoint")
+    other = tmp_path / "step-000000003.weights.h5.copy"
+    other.write_bytes(b"not a checkpoint")
+    assert list_checkpoints(str(tmp_path)) == []
     callback = KeepLastCheckpoints(str(tmp_path), keep=3, save_every=2)
     model.fit(x, y, batch_size=4, epochs=2, verbose=0, callbacks=[callback])
     paths = list_checkpoints(str(tmp_path))
     assert [os.path.basename(p) for p in paths] == [f"step-{s:09d}.weights.h5" for s in (12, 14, 16)]
+    assert sorted(os.listdir(tmp_path)) == [os.path.basename(p) for p in paths] + [other.name]
     snapshots = []
     for path in paths:
         model.load_weights(path)
