@@ -153,6 +153,15 @@ def test_generate_text(small_tokenizer):
     assert isinstance(outputs[0], str)
     assert outputs[1:] == ["", ""]
     assert model.generate("") == ""
+    # Bytes, string arrays and string tensors are texts too.
+    import tensorflow as tf
+
+    assert model.generate("Ein Hund läuft.".encode()) == outputs[0]
+    assert model.generate(np.array(["Ein Hund läuft.", ""])) == outputs[:2]
+    assert model.generate(tf.constant(["Ein Hund läuft.", ""])) == outputs[:2]
+    assert model.generate(tf.constant("Ein Hund läuft.")) == outputs[0]
+    with pytest.raises(TypeError, match="item 1 is of type int"):
+        model.generate(["Ein Hund.", 7])
     assert model.generate("Ein Hund.", sampler="greedy") == model.generate("Ein Hund.", beam_size=1)
     nbest = model.generate(["Ein Hund läuft.", ""], num_results=3)
     assert len(nbest[0]) == 3 and nbest[1] == [("", 0.0)]

@@ -351,8 +351,9 @@ class TransformerSeq2SeqLM(PresetIO, keras_hub.models.Seq2SeqLM):
         """Translates sources with the key/value cache (section 6.1).
 
         Args:
-            inputs: a string or a list of strings (needs the preprocessor),
-                or a dict with `encoder_token_ids` and `encoder_padding_mask`.
+            inputs: a string or a list of strings (bytes, NumPy string
+                arrays and string tensors too; needs the preprocessor), or
+                a dict with `encoder_token_ids` and `encoder_padding_mask`.
             sampler: `"beam"` (the paper) or `"greedy"`, or a keras-hub
                 `Sampler` instance (such as `keras_hub.samplers.TopKSampler`),
                 which runs keras-hub's generate loop through `generate_step`:
@@ -389,14 +390,15 @@ class TransformerSeq2SeqLM(PresetIO, keras_hub.models.Seq2SeqLM):
             beam_size, alpha = 1, 0.0
         if num_results > beam_size:
             raise ValueError(f"num_results={num_results} needs beam_size >= {num_results}.")
-        single = isinstance(inputs, str)
-        texts = [inputs] if single else inputs
-        from_ids = isinstance(texts, dict)
+        from_ids = isinstance(inputs, dict)
+        single = False
         if from_ids:
+            texts = inputs
             ids = keras.ops.convert_to_numpy(texts["encoder_token_ids"])
             mask = keras.ops.convert_to_numpy(texts["encoder_padding_mask"]).astype(bool)
             sources = [row[m].tolist() for row, m in zip(ids, mask)]
         else:
+            texts, single = _as_texts(inputs)
             sources = self._tokenize_sources(texts)
         decode = (lambda ids: ids) if from_ids else self._detokenize
         if keras_hub_sampler:
@@ -438,7 +440,6 @@ class TransformerSeq2SeqLM(PresetIO, keras_hub.models.Seq2SeqLM):
     def _tokenize_sources(self, texts):
         """Token ids `<s> ... </s>` of each source; [] for an empty text."""
         tokenizer = self._require_tokenizer()
-        texts = [t.decode("utf-8") if isinstance(t, bytes) else str(t) for t in texts]
         start, end = tokenizer.start_token_id, tokenizer.end_token_id
         limit = self.backbone.max_sequence_length
         sources = []
@@ -463,3 +464,25 @@ class TransformerSeq2SeqLM(PresetIO, keras_hub.models.Seq2SeqLM):
         if hasattr(text, "numpy"):
             text = text.numpy()
         return text.decode("utf-8") if isinstance(text, bytes) else str(text)
+
+
+def _as_texts(inputs):
+    """`(texts, single)`: the source strings of `generate`'s `inputs` (a
+    string, bytes, or a list, array or string tensor of them), and whether
+    `inputs` was one text."""
+    if hasattr(inputs, "numpy"):  # a tf.Tensor of strings
+        inputs = inputs.numpy()
+    if isinstance(inputs, np.ndarray):
+        inputs = inputs.item() if inputs.ndim == 0 else inputs.tolist()
+    single = isinstance(inputs, (str, bytes))
+    texts = [inputs] if single else list(inputs)
+    for i, text in enumerate(texts):
+        if isinstance(text, bytes):
+            texts[i] = text.decode("utf-8")
+        elif not isinstance(text, str):
+            raise TypeError(
+                "generate() takes a string, a list of strings (or a string array or "
+                "tensor), or a dict of token ids (`encoder_token_ids`, "
+                f"`encoder_padding_mask`); item {i} is of type {type(text).__name__}: {text!r:.60}."
+            )
+    return texts, single
