@@ -97,6 +97,21 @@ def test_pad_to_multiple_of_bounds_the_shapes(small_tokenizer, multi30k_train):
     assert batches.tokens_per_batch().max() <= 1024
 
 
+def test_padding_stops_at_max_length():
+    # 11 source and 10 decoder tokens round up to 16, past a model of 12
+    # positions: the batch stops at 12.
+    source, target = [2, *[5] * 9, 3], [2, *[6] * 9, 3]
+    batches = TokenBudgetBatches([source, [2, 5, 3]], [target, [2, 6, 3]], pad_to_multiple_of=8, max_length=12)
+    (inputs, labels, weights), = list(batches)
+    assert inputs["encoder_token_ids"].shape == (2, 12) and labels.shape == (2, 12)
+    short, long = np.argsort(inputs["encoder_padding_mask"].sum(axis=1))
+    assert inputs["encoder_token_ids"][long].tolist() == source + [0]
+    assert labels[long].tolist() == target[1:] + [0, 0] and weights[long].sum() == 10
+    assert inputs["encoder_token_ids"][short].tolist() == [2, 5, 3] + [0] * 9
+    with pytest.raises(ValueError, match="13 tokens is longer than max_length=12"):
+        TokenBudgetBatches([[2, *[5] * 11, 3]], [[2, 3]], max_length=12)
+
+
 def test_long_pairs_dropped_and_budget_checked(small_tokenizer):
     encoder_ids, decoder_ids, dropped = tokenize_pairs(
         ["kurz", "ein sehr sehr sehr langer Satz mit vielen Wörtern"], ["short", "long"], small_tokenizer, max_length=6

@@ -18,13 +18,13 @@ VOCABULARY = 6  # <pad> <unk> <s> </s> a b
 OUTPUTS = [1, 3, 4, 5]  # what the model may emit: never <pad> or <s>
 
 
-def tiny_model(seed=0, max_sequence_length=64):
+def tiny_model(seed=0, max_sequence_length=64, **kwargs):
     import keras
 
     keras.utils.set_random_seed(seed)
     backbone = TransformerBackbone(
         VOCABULARY, num_layers=1, d_model=16, d_ff=32, num_heads=2, dropout=0.0,
-        max_sequence_length=max_sequence_length,
+        max_sequence_length=max_sequence_length, **kwargs,
     )
     # Large random embeddings make the distributions peaked and varied.
     backbone.token_embedding.embeddings.assign(np.random.normal(0, 1.5, (VOCABULARY, 16)).astype("float32"))
@@ -135,6 +135,24 @@ def test_bad_arguments():
         beam_search(model, [[START, END]], beam_size=2, num_results=3)
     with pytest.raises(ValueError, match="alpha"):
         beam_search(model, [[START, END]], alpha=-1)
+
+
+def test_sources_up_to_the_limit_of_learned_positions():
+    # Learned positions have max_sequence_length rows: padding a batch of
+    # sources must not go past them.
+    import keras_hub
+
+    model = tiny_model(max_sequence_length=12, position_encoding="learned")
+    sources = [[START, *[4, 5] * 5, END][:11], [START, 4, END]]
+    for ids, found in zip(sources, beam_search(model, sources, beam_size=2)):
+        assert len(found[0][0]) <= 11
+    assert len(greedy_search(model, sources)) == 2
+    padded = np.zeros((1, 11), "int32")
+    padded[0] = sources[0]
+    model.generate({"encoder_token_ids": padded, "encoder_padding_mask": padded != PAD},
+                   sampler=keras_hub.samplers.GreedySampler())
+    with pytest.raises(ValueError, match="13 tokens is longer than the model's max_sequence_length=12"):
+        beam_search(model, [[START, *[4] * 11, END]])
 
 
 def test_keras_hub_greedy_sampler_runs_through_generate_step():

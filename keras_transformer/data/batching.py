@@ -42,6 +42,9 @@ class TokenBudgetBatches:
         pad_to_multiple_of: round padded lengths up to a multiple of this.
             1 (the default) spends the least padding; larger values give
             fewer distinct batch shapes, which saves JAX and XLA compilations.
+        max_length: the model's `max_sequence_length`, if given: padded
+            lengths never go past it (learned positions have no more), and
+            a longer sequence is an error.
         pad_id: the padding token id.
         shuffle: shuffle the batch order on every pass.
         seed: seed of the shuffling.
@@ -71,6 +74,7 @@ class TokenBudgetBatches:
         decoder_ids,
         max_tokens=4096,
         pad_to_multiple_of=1,
+        max_length=None,
         pad_id=0,
         shuffle=True,
         seed=None,
@@ -92,6 +96,7 @@ class TokenBudgetBatches:
         self.decoder_ids = [np.asarray(ids, "int32") for ids in decoder_ids]
         self.max_tokens = int(max_tokens)
         self.pad_to_multiple_of = int(pad_to_multiple_of)
+        self.max_length = None if max_length is None else int(max_length)
         self.pad_id = pad_id
         self.shuffle = shuffle
         self.num_replicas, self.num_shards, self.shard_index = int(num_replicas), int(num_shards), int(shard_index)
@@ -103,10 +108,14 @@ class TokenBudgetBatches:
         source_lengths = np.array([len(ids) for ids in self.encoder_ids])
         # The decoder sees the target without its last token.
         target_lengths = np.array([len(ids) - 1 for ids in self.decoder_ids])
-        longest = max(
-            _round_up(int(source_lengths.max()), self.pad_to_multiple_of),
-            _round_up(int(target_lengths.max()), self.pad_to_multiple_of),
-        )
+        if self.max_length is not None:
+            too_long = int(max(source_lengths.max(), target_lengths.max() + 1))
+            if too_long > self.max_length:
+                raise ValueError(
+                    f"A sequence of {too_long} tokens is longer than max_length={self.max_length}: "
+                    "drop the longer pairs first (`tokenize_pairs(..., max_length=...)`)."
+                )
+        longest = max(self._pad(int(source_lengths.max())), self._pad(int(target_lengths.max())))
         if longest > self.max_tokens:
             raise ValueError(
                 f"max_tokens={self.max_tokens} cannot hold the longest pair "
@@ -115,10 +124,15 @@ class TokenBudgetBatches:
         self.source_lengths, self.target_lengths = source_lengths, target_lengths
         self.batches = self._make_batches()
 
+    def _pad(self, lengths):
+        """Padded lengths: rounded up, but not past `max_length`."""
+        padded = _round_up(lengths, self.pad_to_multiple_of)
+        return padded if self.max_length is None else np.minimum(padded, self.max_length)
+
     def _make_batches(self):
         order = np.lexsort((self.target_lengths, self.source_lengths))
-        padded_source = _round_up(self.source_lengths, self.pad_to_multiple_of)
-        padded_target = _round_up(self.target_lengths, self.pad_to_multiple_of)
+        padded_source = self._pad(self.source_lengths)
+        padded_target = self._pad(self.target_lengths)
         replicas, budget = self.num_replicas, self.max_tokens * self.num_replicas
         batches, current, source_max, target_max = [], [], 0, 0
         for index in order:
@@ -146,8 +160,8 @@ class TokenBudgetBatches:
 
     def _padded_lengths(self, batch):
         return (
-            _round_up(int(self.source_lengths[batch].max()), self.pad_to_multiple_of),
-            _round_up(int(self.target_lengths[batch].max()), self.pad_to_multiple_of),
+            int(self._pad(int(self.source_lengths[batch].max()))),
+            int(self._pad(int(self.target_lengths[batch].max()))),
         )
 
     def padding_fraction(self):
@@ -308,7 +322,8 @@ def token_budget_batches(
         max_tokens: at most this many source and this many target tokens in
             a batch (per replica), padding included.
         max_length: drop pairs with a side longer than this (start and end
-            tokens included), for example the model's `max_sequence_length`.
+            tokens included), for example the model's `max_sequence_length`;
+            padded lengths do not go past it either.
         pad_to_multiple_of: round padded lengths up to a multiple of this.
         shuffle: shuffle the batch order on every pass.
         seed: seed of the shuffling.
@@ -324,6 +339,7 @@ def token_budget_batches(
         decoder_ids,
         max_tokens=max_tokens,
         pad_to_multiple_of=pad_to_multiple_of,
+        max_length=max_length,
         pad_id=tokenizer.pad_token_id,
         shuffle=shuffle,
         seed=seed,

@@ -64,11 +64,21 @@ def best_extensions(logits, log_probs, never_output, count):
     return ops.top_k(ops.reshape(candidates, (batch, beams * vocabulary_size)), count)
 
 
-def pad_sources(sources, pad_id):
+def pad_sources(sources, pad_id, max_length=None):
     """Source token id lists as a padded batch: `(encoder_token_ids,
     encoder_padding_mask)`, int32, the length rounded up to a multiple of 8
-    so that compiled functions are reused across batches."""
-    length = _round_up(max(len(ids) for ids in sources), 8)
+    so that compiled functions are reused across batches, and at most
+    `max_length` (the model's `max_sequence_length`: learned positions
+    have no more)."""
+    longest = max(len(ids) for ids in sources)
+    if max_length is not None and longest > max_length:
+        raise ValueError(
+            f"A source of {longest} tokens is longer than the model's max_sequence_length="
+            f"{max_length}. Split the text into sentences first."
+        )
+    length = _round_up(longest, 8)
+    if max_length is not None:
+        length = min(length, max_length)
     encoder_ids = np.full((len(sources), length), pad_id, "int32")
     for row, ids in enumerate(sources):
         encoder_ids[row, : len(ids)] = ids
@@ -130,8 +140,8 @@ def beam_search(model, sources, beam_size=4, alpha=0.6, max_length_offset=50, nu
     if not rows:
         return results
     batch, k = len(rows), beam_size
-    encoder_ids, encoder_mask = pad_sources([sources[i] for i in rows], pad_id)
     limit = model.backbone.max_sequence_length
+    encoder_ids, encoder_mask = pad_sources([sources[i] for i in rows], pad_id, limit)
     # Output tokens allowed for each source (the start token takes a position).
     budgets = np.array([min(len(sources[i]) + max_length_offset, limit - 1) for i in rows])
     max_length = min(_round_up(int(budgets.max()) + 1, 8), limit)

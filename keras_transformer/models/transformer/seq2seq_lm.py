@@ -318,7 +318,7 @@ class TransformerSeq2SeqLM(PresetIO, keras_hub.models.Seq2SeqLM):
         rows = [i for i, ids in enumerate(sources) if ids]
         for start in range(0, len(rows), batch_size):
             batch = rows[start : start + batch_size]
-            encoder_ids, encoder_mask = pad_sources([sources[i] for i in batch], pad_id)
+            encoder_ids, encoder_mask = pad_sources([sources[i] for i in batch], pad_id, limit)
             max_length = min(_round_up(encoder_ids.shape[1] + max_length_offset + 1, 8), limit)
             prompt = np.full((len(batch), max_length), pad_id, "int32")
             prompt[:, 0] = start_id
