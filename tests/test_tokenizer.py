@@ -37,6 +37,20 @@ def test_special_tokens(small_tokenizer):
     assert small_tokenizer.vocabulary_size() == 1000
 
 
+@pytest.mark.parametrize("option", [{"sequence_length": 8}, {"add_bos": True}, {"add_eos": True}])
+def test_padding_or_special_tokens_in_the_tokenizer_are_refused(small_tokenizer, option):
+    # The preprocessor adds <s> and </s> and pads; a tokenizer doing it too
+    # would put </s> after the padding.
+    with pytest.raises(ValueError, match="adds <s> and </s> and pads"):
+        TransformerTokenizer(proto=small_tokenizer.proto, **option)
+    with pytest.raises(ValueError, match="unpadded"):
+        TransformerWordPieceTokenizer(vocabulary=["<pad>", "<unk>", "<s>", "</s>", "a"], **option)
+    # The defaults, as a saved config holds them, are fine.
+    defaults = {key: small_tokenizer.get_config()[key] for key in ("sequence_length", "add_bos", "add_eos")}
+    same = TransformerTokenizer(proto=small_tokenizer.proto, **defaults)
+    assert np.asarray(same.tokenize("Ein Hund.")).tolist() == np.asarray(small_tokenizer.tokenize("Ein Hund.")).tolist()
+
+
 def test_runs_inside_tf_data(small_tokenizer):
     sentences = ["Ein Mann fährt Fahrrad.", "Zwei Hunde spielen im Schnee."]
     dataset = tf.data.Dataset.from_tensor_slices(sentences).map(small_tokenizer)

@@ -22,6 +22,18 @@ PAD, UNK, START, END = "<pad>", "<unk>", "<s>", "</s>"
 ALGORITHMS = ("bpe", "unigram", "wordpiece")
 
 
+def _check_unpadded(kwargs):
+    """The model's preprocessing adds `<s>` and `</s>` and pads itself; a
+    tokenizer that pads or adds them too would put `</s>` after padding."""
+    wrong = {key: kwargs[key] for key in ("sequence_length", "add_bos", "add_eos") if kwargs.get(key)}
+    if wrong:
+        raise ValueError(
+            f"The Transformer's tokenizers give unpadded ids without start or end tokens; got {wrong}. "
+            "TransformerSeq2SeqLMPreprocessor(tokenizer, encoder_sequence_length, "
+            "decoder_sequence_length) adds <s> and </s> and pads."
+        )
+
+
 def _add_special_tokens(tokenizer):
     tokenizer._add_special_token(PAD, "pad_token")
     tokenizer._add_special_token(START, "start_token")
@@ -45,7 +57,8 @@ class TransformerTokenizer(PresetIO, keras_hub.tokenizers.SentencePieceTokenizer
         proto: a serialized SentencePiece model (bytes) or the path of a
             `.spm` file.
         **kwargs: further `keras_hub.tokenizers.SentencePieceTokenizer`
-            arguments (`sequence_length`...).
+            arguments (`dtype`...); not `sequence_length`, `add_bos` or
+            `add_eos`: the preprocessor adds `<s>` and `</s>` and pads.
 
     Example:
 
@@ -62,6 +75,7 @@ class TransformerTokenizer(PresetIO, keras_hub.tokenizers.SentencePieceTokenizer
     preset_needs = ("tokenizer",)
 
     def __init__(self, proto=None, **kwargs):
+        _check_unpadded(kwargs)
         _add_special_tokens(self)
         super().__init__(proto=proto, **kwargs)
 
@@ -144,13 +158,14 @@ class TransformerWordPieceTokenizer(PresetIO, keras_hub.tokenizers.WordPieceToke
         vocabulary: a list of tokens or the path of a vocabulary file, with
             `<pad>`, `<unk>`, `<s>` and `</s>` first.
         **kwargs: further `keras_hub.tokenizers.WordPieceTokenizer`
-            arguments.
+            arguments; not `sequence_length`: the preprocessor pads.
     """
 
     backbone_cls = TransformerBackbone
     preset_needs = ("tokenizer",)
 
     def __init__(self, vocabulary=None, **kwargs):
+        _check_unpadded(kwargs)
         _add_special_tokens(self)
         kwargs.setdefault("oov_token", UNK)
         super().__init__(vocabulary=vocabulary, **kwargs)
