@@ -23,6 +23,34 @@ DEFAULT_PRESET = "transformer_multi30k_en_de"
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 
+def _positive_int(text):
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be 1 or more, got {value}")
+    return value
+
+
+def _non_negative_float(text):
+    value = float(text)
+    if not value >= 0:
+        raise argparse.ArgumentTypeError(f"must be 0 or more, got {text}")
+    return value
+
+
+def _positive_float(text):
+    value = float(text)
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be more than 0, got {text}")
+    return value
+
+
+def _probability(text):
+    value = float(text)
+    if not 0 <= value < 1:
+        raise argparse.ArgumentTypeError(f"must be in [0, 1), got {text}")
+    return value
+
+
 def _add_train(subparsers):
     p = subparsers.add_parser("train", help="Train on Multi30k with the paper's recipe.")
     p.add_argument("--source", default="en", help="source language (default: en)")
@@ -30,24 +58,24 @@ def _add_train(subparsers):
     p.add_argument("--data-dir", help="local Multi30k directory (default: $KERAS_TRANSFORMER_MULTI30K or download)")
     p.add_argument("--output-dir", required=True, help="the run's directory; rerun to resume")
     p.add_argument("--config", default="small", help="model size: small, tiny, base, big or a Table 3 row")
-    p.add_argument("--num-layers", type=int, help="override N")
-    p.add_argument("--d-model", type=int, help="override d_model")
-    p.add_argument("--d-ff", type=int, help="override d_ff")
-    p.add_argument("--num-heads", type=int, help="override h")
-    p.add_argument("--dropout", type=float, help="override P_drop")
-    p.add_argument("--vocabulary-size", type=int, default=8000)
+    p.add_argument("--num-layers", type=_positive_int, help="override N")
+    p.add_argument("--d-model", type=_positive_int, help="override d_model")
+    p.add_argument("--d-ff", type=_positive_int, help="override d_ff")
+    p.add_argument("--num-heads", type=_positive_int, help="override h")
+    p.add_argument("--dropout", type=_probability, help="override P_drop")
+    p.add_argument("--vocabulary-size", type=_positive_int, default=8000)
     p.add_argument("--tokenizer", default="bpe", choices=["bpe", "unigram"])
-    p.add_argument("--max-tokens", type=int, default=4096, help="token budget per batch")
-    p.add_argument("--pad-to-multiple-of", type=int, default=1,
+    p.add_argument("--max-tokens", type=_positive_int, default=4096, help="token budget per batch")
+    p.add_argument("--pad-to-multiple-of", type=_positive_int, default=1,
                    help="round batch lengths up (fewer shapes for JAX to compile)")
-    p.add_argument("--epochs", type=int, default=20)
-    p.add_argument("--steps", type=int, help="train this many steps instead of --epochs")
-    p.add_argument("--warmup-steps", type=int, default=4000)
-    p.add_argument("--learning-rate-scale", type=float, default=1.0)
-    p.add_argument("--label-smoothing", type=float, default=0.1)
-    p.add_argument("--keep-checkpoints", type=int, default=5, help="checkpoints averaged at the end")
+    p.add_argument("--epochs", type=_positive_int, default=20)
+    p.add_argument("--steps", type=_positive_int, help="train this many steps instead of --epochs")
+    p.add_argument("--warmup-steps", type=_positive_int, default=4000)
+    p.add_argument("--learning-rate-scale", type=_positive_float, default=1.0)
+    p.add_argument("--label-smoothing", type=_probability, default=0.1)
+    p.add_argument("--keep-checkpoints", type=_positive_int, default=5, help="checkpoints averaged at the end")
     p.add_argument("--bleu-sentences", type=int, default=200, help="val sentences for BLEU each epoch")
-    p.add_argument("--limit", type=int, help="use only the first N training pairs")
+    p.add_argument("--limit", type=_positive_int, help="use only the first N training pairs")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--from-preset", metavar="PRESET",
                    help="start from this preset (name or directory) instead of from scratch: fine-tune it, or "
@@ -55,7 +83,7 @@ def _add_train(subparsers):
     p.add_argument("--initial-step", type=int,
                    help="the learning-rate schedule's first step (default: 0, or with --from-preset the "
                         "steps the preset was trained for)")
-    p.add_argument("--devices", type=int,
+    p.add_argument("--devices", type=_positive_int,
                    help="train data-parallel on N devices (JAX, TensorFlow: of this process; "
                         "PyTorch: launch with torchrun --nproc_per_node N); --max-tokens is per device")
     p.add_argument("--multi-host", action="store_true",
@@ -70,10 +98,10 @@ def _add_evaluate(subparsers):
     p.add_argument("--source", help="source language (default: the model's)")
     p.add_argument("--target", help="target language (default: the model's)")
     p.add_argument("--data-dir")
-    p.add_argument("--batch-size", type=int, default=64)
-    p.add_argument("--beam-size", type=int, default=4, help="1 decodes greedily (default: 4)")
-    p.add_argument("--alpha", type=float, default=0.6, help="length penalty (default: 0.6)")
-    p.add_argument("--limit", type=int, help="translate only the first N sentences")
+    p.add_argument("--batch-size", type=_positive_int, default=64)
+    p.add_argument("--beam-size", type=_positive_int, default=4, help="1 decodes greedily (default: 4)")
+    p.add_argument("--alpha", type=_non_negative_float, default=0.6, help="length penalty (default: 0.6)")
+    p.add_argument("--limit", type=_positive_int, help="translate only the first N sentences")
     p.add_argument("--output", help="write the translations to this file")
 
 
@@ -176,6 +204,9 @@ def _evaluate(args):
     from keras_transformer.metrics import evaluate_translation
     from keras_transformer.models import TransformerSeq2SeqLM
 
+    from keras_transformer import presets
+
+    presets.check(args.model, ("config", "tokenizer"))  # before its languages are read
     source, target = _languages(args.model, args)
     sources, references = multi30k.load(args.split, source, target, args.data_dir)
     if args.limit:
@@ -204,9 +235,9 @@ def _add_translate(subparsers):
     p.add_argument("text", nargs="*", help="sentences to translate (default: read lines from --input or stdin)")
     p.add_argument("--preset", default=DEFAULT_PRESET,
                    help=f"a preset name or directory (default: {DEFAULT_PRESET})")
-    p.add_argument("--beam-size", type=int, default=4, help="1 decodes greedily (default: 4)")
-    p.add_argument("--alpha", type=float, default=0.6, help="length penalty (default: 0.6)")
-    p.add_argument("--batch-size", type=int, default=64, help="sentences translated together (default: 64)")
+    p.add_argument("--beam-size", type=_positive_int, default=4, help="1 decodes greedily (default: 4)")
+    p.add_argument("--alpha", type=_non_negative_float, default=0.6, help="length penalty (default: 0.6)")
+    p.add_argument("--batch-size", type=_positive_int, default=64, help="sentences translated together (default: 64)")
     p.add_argument("-i", "--input", help="a text file, one sentence a line (default: stdin)")
     p.add_argument("-o", "--output", help="write the translations to this file (default: stdout)")
 
@@ -278,14 +309,15 @@ def _add_export(subparsers):
     p.add_argument("output_dir", help="the SavedModel's directory (must be empty or absent)")
     p.add_argument("--preset", default=DEFAULT_PRESET,
                    help=f"a preset name or directory (default: {DEFAULT_PRESET})")
-    p.add_argument("--beam-size", type=int, default=4, help="fixed in the export; 1 decodes greedily (default: 4)")
-    p.add_argument("--alpha", type=float, default=0.6, help="length penalty, fixed in the export (default: 0.6)")
-    p.add_argument("--max-length-offset", type=int, default=50,
+    p.add_argument("--beam-size", type=_positive_int, default=4, help="fixed in the export; 1 decodes greedily (default: 4)")
+    p.add_argument("--alpha", type=_non_negative_float, default=0.6, help="length penalty, fixed in the export (default: 0.6)")
+    p.add_argument("--max-length-offset", type=_positive_int, default=50,
                    help="at most source length + this many output tokens (default: 50)")
     p.add_argument("--overwrite", action="store_true", help="replace a non-empty output directory")
 
 
 def _export(args):
+    from keras_transformer.export import ExportError
     from keras_transformer.export import export_saved_model
 
     try:
@@ -293,7 +325,7 @@ def _export(args):
             args.preset, args.output_dir, beam_size=args.beam_size, alpha=args.alpha,
             max_length_offset=args.max_length_offset, overwrite=args.overwrite,
         )
-    except FileExistsError as error:
+    except ExportError as error:
         raise SystemExit(f"error: {error}") from None
     print(f"Wrote the SavedModel to {path}")
 
@@ -315,11 +347,11 @@ def main(argv=None):
         "train": _train, "evaluate": _evaluate, "attention": _attention,
         "translate": _translate, "presets": _presets, "export": _export,
     }
-    from keras_transformer.presets import PresetError
-
     try:
         commands[args.command](args)
-    except PresetError as error:
+    except (ValueError, FileNotFoundError, FileExistsError) as error:
+        # Bad input (presets, text, files, settings): the message, not a
+        # traceback. PresetError is a ValueError.
         raise SystemExit(f"error: {error}") from None
     return 0
 

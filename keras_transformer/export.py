@@ -63,6 +63,10 @@ def export_saved_model(model, export_dir, beam_size=4, alpha=0.6, max_length_off
 
     Raises:
         FileExistsError: `export_dir` is not empty and `overwrite` is False.
+        ValueError: bad settings, or a model that cannot be exported (no
+            preprocessor, or a WordPiece tokenizer: the export tokenizes
+            with tensorflow-text's SentencePiece).
+        ExportError: the TensorFlow subprocess (other backends) failed.
 
     A failed export leaves nothing behind, and an existing export is only
     replaced once the new one is complete.
@@ -71,6 +75,7 @@ def export_saved_model(model, export_dir, beam_size=4, alpha=0.6, max_length_off
         raise ValueError(f"beam_size must be at least 1, got {beam_size}.")
     if alpha < 0:
         raise ValueError(f"alpha must be >= 0, got {alpha}.")
+    _check_exportable(model)
     export_dir = os.path.abspath(os.fspath(export_dir))
     if os.path.isfile(export_dir):
         raise FileExistsError(f"{export_dir!r} is a file; give a directory for the SavedModel.")
@@ -93,6 +98,35 @@ def export_saved_model(model, export_dir, beam_size=4, alpha=0.6, max_length_off
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return export_dir
+
+
+class ExportError(RuntimeError):
+    """The export's TensorFlow subprocess failed; the message ends with its
+    error output."""
+
+
+def _check_exportable(model):
+    """A clear error, before any work, for a model the export cannot hold."""
+    from keras_transformer.models import TransformerSeq2SeqLM
+    from keras_transformer.models import TransformerTokenizer
+
+    if isinstance(model, TransformerSeq2SeqLM):
+        if model.preprocessor is None:
+            raise ValueError("Export needs a model with a preprocessor (its tokenizer).")
+        tokenizer = model.preprocessor.tokenizer
+        exportable, tokenizer = isinstance(tokenizer, TransformerTokenizer), type(tokenizer).__name__
+    else:
+        from keras_transformer import presets
+
+        presets.check(model, ("config", "tokenizer"))
+        tokenizer = presets.read_preset_file(model, presets.TOKENIZER_FILE).get("class_name")
+        exportable = tokenizer == TransformerTokenizer.__name__
+    if not exportable:
+        raise ValueError(
+            f"The model's tokenizer is a {tokenizer}; the SavedModel tokenizes with "
+            "tensorflow-text's SentencePiece, so only models with a TransformerTokenizer "
+            "(BPE or unigram, the default) export."
+        )
 
 
 def _load(model):
@@ -121,7 +155,7 @@ def _write_in_tensorflow_process(model, saved_model, staging, beam_size, alpha, 
     env = {**os.environ, "KERAS_BACKEND": "tensorflow"}
     result = subprocess.run(command, env=env, capture_output=True, text=True)
     if result.returncode != 0:
-        raise RuntimeError(f"The export under TensorFlow failed:\n{result.stderr[-4000:]}")
+        raise ExportError(f"The export under TensorFlow failed:\n{result.stderr[-4000:]}")
 
 
 def _replace(new, export_dir):

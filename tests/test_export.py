@@ -107,3 +107,21 @@ def test_export_never_overwrites_or_leaves_half_an_export(exported, tmp_path):
     served = load_elsewhere(exported, ["A dog runs on the beach."])
     model = TransformerSeq2SeqLM.from_preset(PRESET)
     assert served["translations"] == [model.generate("A dog runs on the beach.", sampler="greedy")]
+
+
+def test_a_model_the_export_cannot_hold_is_refused_before_any_work(tmp_path):
+    from keras_transformer.models import TransformerBackbone
+    from keras_transformer.models import TransformerSeq2SeqLMPreprocessor
+    from keras_transformer.models import TransformerWordPieceTokenizer
+
+    tokenizer = TransformerWordPieceTokenizer(vocabulary=["<pad>", "<unk>", "<s>", "</s>", "a", "dog"])
+    backbone = TransformerBackbone(6, num_layers=1, d_model=8, d_ff=16, num_heads=2, max_sequence_length=16)
+    model = TransformerSeq2SeqLM(backbone, TransformerSeq2SeqLMPreprocessor(tokenizer, 8, 8))
+    with pytest.raises(ValueError, match="TransformerWordPieceTokenizer; the SavedModel tokenizes with"):
+        export_saved_model(model, tmp_path / "out")
+    model.save_to_preset(tmp_path / "wordpiece")
+    with pytest.raises(ValueError, match="TransformerWordPieceTokenizer"):
+        export_saved_model(str(tmp_path / "wordpiece"), tmp_path / "out")
+    with pytest.raises(ValueError, match="preprocessor"):
+        export_saved_model(TransformerSeq2SeqLM(backbone), tmp_path / "out")
+    assert sorted(os.listdir(tmp_path)) == ["wordpiece"]

@@ -194,6 +194,16 @@ def test_cli_translate_and_presets(saved, capsys, tmp_path):
 
     with pytest.raises(SystemExit, match="Unknown preset"):
         cli.main(["translate", "--preset", str(tmp_path / "missing"), "Hallo."])
+    # A mistyped model path is named as such, not as missing languages.
+    with pytest.raises(SystemExit, match="Unknown preset .*missing"):
+        cli.main(["evaluate", str(tmp_path / "missing"), "--split", "test_2016_flickr"])
+    # Bad input ends with the message, not a traceback.
+    with pytest.raises(SystemExit, match="error: A source of .* tokens is longer than .*max_sequence_length=48"):
+        cli.main(["translate", "--preset", directory, "Wort " * 60])
+    for option in (["--beam-size", "0"], ["--batch-size", "0"], ["--alpha", "-1"]):
+        with pytest.raises(SystemExit):
+            cli.main(["translate", "--preset", directory, *option, "Hallo."])
+        assert "must be" in capsys.readouterr().err
 
     cli.main(["presets", "--json"])
     listed = json.loads(capsys.readouterr().out)
