@@ -11,9 +11,12 @@ building the model picks each backend's own engine:
 
 ```python
 from keras_transformer import distribution
+from keras_transformer.data import token_budget_batches
+from keras_transformer.models import TransformerBackbone, TransformerSeq2SeqLM
 
 strategy = distribution.data_parallel()
-with strategy.scope():
+with strategy.scope():  # TensorFlow creates the weights here
+    backbone = TransformerBackbone(tokenizer.vocabulary_size(), num_layers=3, d_model=256, d_ff=1024, num_heads=4)
     model = TransformerSeq2SeqLM(backbone, preprocessor)
     model.compile()
 batches = token_budget_batches(sources, targets, tokenizer, max_tokens=4096, **strategy.batching())
