@@ -37,6 +37,15 @@ def small_inputs(batch=3, source_length=7, target_length=5, seed=0):
     }
 
 
+def numpy_embed(table, ids):
+    d_model = table.shape[1]
+    pos = np.arange(ids.shape[1])[:, None]
+    angle = pos / 10000 ** (2 * np.arange(d_model // 2)[None, :] / d_model)
+    encoding = np.zeros((ids.shape[1], d_model))
+    encoding[:, 0::2], encoding[:, 1::2] = np.sin(angle), np.cos(angle)
+    return (table[ids] * np.sqrt(d_model) + encoding).astype("float32")
+
+
 @pytest.mark.parametrize("normalize_first", [False, True], ids=["post_norm", "pre_norm"])
 def test_matches_torch_nn_transformer(normalize_first):
     torch.manual_seed(0)
@@ -59,12 +68,11 @@ def test_matches_torch_nn_transformer(normalize_first):
 
     inputs = small_inputs()
     outputs = backbone(inputs)
-    source = to_numpy(
-        backbone.embed(inputs["encoder_token_ids"], backbone.encoder_position, backbone.encoder_embeddings_dropout)
-    )
-    target = to_numpy(
-        backbone.embed(inputs["decoder_token_ids"], backbone.decoder_position, backbone.decoder_embeddings_dropout)
-    )
+    # Sections 3.4 and 3.5 in NumPy: the shared table x sqrt(d_model) plus
+    # the sinusoids; nn.Transformer takes embedded inputs.
+    table = to_numpy(backbone.token_embedding.embeddings)
+    source = numpy_embed(table, inputs["encoder_token_ids"])
+    target = numpy_embed(table, inputs["decoder_token_ids"])
     length = target.shape[1]
     # Gradients stay on: torch's inference fast path would zero padded rows.
     expected = reference(

@@ -38,6 +38,9 @@ def test_learned_positions_are_a_table():
     out = to_numpy(layer(np.zeros((2, 4, 6), "float32")))
     table = to_numpy(layer.position_embeddings)
     np.testing.assert_allclose(out[1], table[:4])
+    layer.position_embeddings.assign(np.random.default_rng(0).normal(size=table.shape).astype("float32"))
+    shifted = to_numpy(layer(np.zeros((1, 2, 6), "float32"), start_index=3))
+    np.testing.assert_allclose(shifted[0], to_numpy(layer.position_embeddings)[3:5])
 
 
 def test_shared_embedding_scales_by_sqrt_d_model_and_projects_with_the_same_matrix():

@@ -32,6 +32,26 @@ def test_equals_numpy_formula_ignoring_padding(eps):
     np.testing.assert_allclose(float(loss(labels, logits)), expected, rtol=1e-5)
 
 
+@pytest.mark.parametrize("eps", [0.1, 0.3])
+def test_equals_torch_cross_entropy_with_label_smoothing(eps):
+    # PyTorch spreads its smoothing over all V classes (the label included):
+    # eps' = eps * V / (V - 1) gives 1 - eps on the label and eps / (V - 1)
+    # on every other token, this loss's distribution.
+    import torch
+
+    rng = np.random.default_rng(2)
+    vocabulary = 23
+    logits = rng.normal(size=(4, 6, vocabulary)).astype("float32") * 2
+    labels = rng.integers(1, vocabulary, size=(4, 6))
+    labels[1, 2:] = 0
+    expected = torch.nn.functional.cross_entropy(
+        torch.from_numpy(logits).reshape(-1, vocabulary), torch.from_numpy(labels).reshape(-1),
+        ignore_index=0, label_smoothing=eps * vocabulary / (vocabulary - 1),
+    ).item()
+    loss = LabelSmoothedCrossEntropy(label_smoothing=eps, ignore_class=0)
+    np.testing.assert_allclose(float(loss(labels, logits)), expected, rtol=1e-5)
+
+
 def test_padding_logits_do_not_matter():
     rng = np.random.default_rng(1)
     logits = rng.normal(size=(2, 4, 9)).astype("float32")

@@ -120,8 +120,13 @@ def _uncached_greedy(model, source_ids, steps, start_id):
     return ids[1:], np.array(all_logits)
 
 
-def test_cached_decoding_equals_full_recompute(small_tokenizer):
-    model = tiny_model(small_tokenizer, normalize_first=True)
+@pytest.mark.parametrize("position_encoding", ["sinusoidal", "learned"])
+def test_cached_decoding_equals_full_recompute(small_tokenizer, position_encoding):
+    model = tiny_model(small_tokenizer, normalize_first=True, position_encoding=position_encoding)
+    if position_encoding == "learned":
+        # Random rows, so that a cached step reading the wrong position shows.
+        table = model.backbone.decoder_position.position_embeddings
+        table.assign(np.random.default_rng(0).normal(0, 1, tuple(table.shape)).astype("float32"))
     source = [2, 57, 301, 18, 99, 3]
     expected_ids, expected_logits = _uncached_greedy(model, source, 8, small_tokenizer.start_token_id)
     encoder_output = model.encode(np.array([source]), np.ones((1, len(source)), "int32"))
@@ -136,6 +141,26 @@ def test_cached_decoding_equals_full_recompute(small_tokenizer):
     end = small_tokenizer.end_token_id
     reference = expected_ids[: expected_ids.index(end)] if end in expected_ids else expected_ids
     assert result == reference[: len(result)] and len(result) == min(len(reference), len(source) + 2)
+
+
+def test_compiled_decoding_follows_new_weights(small_tokenizer):
+    # The compiled encode/step functions are built on the first call; after
+    # the weights change (fit, load_weights, assign) they must use the new ones.
+    model = tiny_model(small_tokenizer)
+    source = [2, 57, 301, 18, 99, 3]
+    inputs = {"encoder_token_ids": np.array([source]), "encoder_padding_mask": np.ones((1, len(source)))}
+    end = small_tokenizer.end_token_id
+
+    def reference():
+        ids, _ = _uncached_greedy(model, source, len(source) + 4, small_tokenizer.start_token_id)
+        return ids[: ids.index(end)] if end in ids else ids
+
+    first = model.generate(inputs, sampler="greedy", max_length_offset=4)[0]
+    assert first == reference()
+    embeddings = model.backbone.token_embedding.embeddings
+    embeddings.assign(np.random.default_rng(3).normal(0, 1, tuple(embeddings.shape)).astype("float32"))
+    second = model.generate(inputs, sampler="greedy", max_length_offset=4)[0]
+    assert second == reference() and second != first
 
 
 def test_batched_greedy_equals_one_by_one(small_tokenizer):
