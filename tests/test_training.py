@@ -145,7 +145,17 @@ def test_killed_run_resumes_where_it_stopped_then_evaluates(tmp_path, multi30k_d
     printed = capsys.readouterr().out
     assert "test_2016_flickr en-de, 16 sentences" in printed
     assert "BLEU (lowercased)" in printed and "case:lc" in printed
-    assert len(open(output, encoding="utf-8").read().splitlines()) == 16
+    hypotheses = open(output, encoding="utf-8").read().splitlines()
+    assert len(hypotheses) == 16
+    # The printed scores are sacreBLEU's on the written translations and
+    # the split's first 16 references.
+    from keras_transformer.datasets import multi30k
+
+    references = multi30k.load("test_2016_flickr", "en", "de", data_dir=multi30k_dir)[1][:16]
+    for label, lowercase in (("BLEU ", False), ("BLEU (lowercased) ", True)):
+        line = next(line for line in printed.splitlines() if line.startswith(label) and line[len(label)].isdigit())
+        expected = sacrebleu.corpus_bleu(hypotheses, [references], lowercase=lowercase).score
+        assert float(line.split()[-2]) == pytest.approx(expected, abs=0.006)
 
 
 def _read_json(path):
