@@ -273,5 +273,5 @@ def test_steps_make_epochs_of_at_most_one_pass_and_reruns_train_on_to_the_total(
 
 
 def test_cli_rejects_unknown_config(tmp_path, multi30k_dir):
-    with pytest.raises(ValueError, match="Unknown config 'huge'"):
+    with pytest.raises(SystemExit, match="error: Unknown config 'huge'"):
         cli.main(["train", "--output-dir", str(tmp_path), "--data-dir", multi30k_dir, "--config", "huge"])
