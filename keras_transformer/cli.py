@@ -200,11 +200,10 @@ def _languages(model_path, args):
 
 
 def _evaluate(args):
+    from keras_transformer import presets
     from keras_transformer.datasets import multi30k
     from keras_transformer.metrics import evaluate_translation
     from keras_transformer.models import TransformerSeq2SeqLM
-
-    from keras_transformer import presets
 
     presets.check(args.model, ("config", "tokenizer"))  # before its languages are read
     source, target = _languages(args.model, args)

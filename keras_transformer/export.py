@@ -113,8 +113,8 @@ def _check_exportable(model):
     if isinstance(model, TransformerSeq2SeqLM):
         if model.preprocessor is None:
             raise ValueError("Export needs a model with a preprocessor (its tokenizer).")
-        tokenizer = model.preprocessor.tokenizer
-        exportable, tokenizer = isinstance(tokenizer, TransformerTokenizer), type(tokenizer).__name__
+        exportable = isinstance(model.preprocessor.tokenizer, TransformerTokenizer)
+        tokenizer = type(model.preprocessor.tokenizer).__name__
     else:
         from keras_transformer import presets
 
@@ -144,10 +144,7 @@ def _write_in_tensorflow_process(model, saved_model, staging, beam_size, alpha, 
         preset = os.path.join(staging, "preset")
         model.save_to_preset(preset)
     else:
-        from keras_transformer import presets
-
-        presets.check(model)
-        preset = model
+        preset = model  # checked by `_check_exportable`
     command = [
         sys.executable, "-m", "keras_transformer.export", preset, saved_model,
         "--beam-size", str(beam_size), "--alpha", repr(alpha), "--max-length-offset", str(max_length_offset),
