@@ -2,9 +2,21 @@ import os
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
+import tempfile  # noqa: E402
+
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
+
+if keras.config.backend() == "jax":
+    import jax
+
+    # Many tests build models of the same shapes (a run stopped and resumed,
+    # a preset saved and loaded): XLA's persistent cache compiles each
+    # function once per session instead of once per model.
+    jax.config.update("jax_compilation_cache_dir", tempfile.mkdtemp(prefix="xla-cache-"))
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
+    jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
 
 
 @pytest.fixture(autouse=True)

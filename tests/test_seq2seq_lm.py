@@ -91,7 +91,7 @@ def test_validation_loss_falls_well_below_a_context_free_model(small_tokenizer, 
     model = tiny_model(small_tokenizer, d_model=128, d_ff=256)
     model.compile(warmup_steps=100, label_smoothing=0.0)
     before = model.evaluate(val.dataset(), verbose=0, return_dict=True)["loss"]
-    model.fit(train.dataset(), epochs=4, verbose=0)
+    model.fit(train.dataset(), epochs=2, verbose=0)
     after = model.evaluate(val.dataset(), verbose=0, return_dict=True)["loss"]
     unigram = _unigram_cross_entropy(train, val, small_tokenizer.vocabulary_size())
     print(f"val loss {before:.2f} -> {after:.2f}; context-free model {unigram:.2f}")
@@ -102,17 +102,23 @@ def test_validation_loss_falls_well_below_a_context_free_model(small_tokenizer, 
 
 
 def _uncached_greedy(model, source_ids, steps, start_id):
-    """Greedy decoding by re-running the whole model on the growing prefix."""
+    """Greedy decoding by re-running the whole model on the growing prefix.
+
+    The prefix is padded to `steps` tokens, so that every call has one shape
+    (JAX compiles each eager op once); the causal mask keeps the padding
+    after position i from reaching position i's logits."""
     ids = [start_id]
     all_logits = []
     for _ in range(steps):
+        prefix = np.zeros((1, steps), "int32")
+        prefix[0, : len(ids)] = ids
         inputs = {
             "encoder_token_ids": np.array([source_ids], "int32"),
             "encoder_padding_mask": np.ones((1, len(source_ids)), "int32"),
-            "decoder_token_ids": np.array([ids], "int32"),
-            "decoder_padding_mask": np.ones((1, len(ids)), "int32"),
+            "decoder_token_ids": prefix,
+            "decoder_padding_mask": (prefix > 0).astype("int32"),
         }
-        logits = to_numpy(model(inputs))[0, -1]
+        logits = to_numpy(model(inputs))[0, len(ids) - 1]
         all_logits.append(logits)
         allowed = logits.copy()
         allowed[[0, start_id]] = -np.inf  # padding and start are never outputs

@@ -70,8 +70,10 @@ class _Interrupt(keras.callbacks.Callback):
         raise KeyboardInterrupt("killed")
 
 
+# Every batch is padded to the one length (96), so that JAX compiles few
+# step shapes.
 RUN = dict(
-    config="tiny", vocabulary_size=400, max_tokens=512, pad_to_multiple_of=32, max_sequence_length=96,
+    config="tiny", vocabulary_size=400, max_tokens=512, pad_to_multiple_of=96, max_sequence_length=96,
     epochs=2, warmup_steps=10, keep_checkpoints=2, bleu_sentences=8, limit=400, validation_limit=32, verbose=0,
 )
 
