@@ -354,7 +354,7 @@ def train_multi30k(
         else:
             backbone = TransformerBackbone(
                 vocabulary_size=tokenizer.vocabulary_size(),
-                **CONFIGS[config], **config_overrides, max_sequence_length=max_sequence_length,
+                **{**CONFIGS[config], **config_overrides, "max_sequence_length": max_sequence_length},
             )
         preprocessor = TransformerSeq2SeqLMPreprocessor(
             tokenizer, encoder_sequence_length=max_sequence_length, decoder_sequence_length=max_sequence_length

@@ -13,6 +13,7 @@ from keras_transformer.callbacks import KeepLastCheckpoints
 from keras_transformer.callbacks import average_checkpoints
 from keras_transformer.callbacks import list_checkpoints
 from keras_transformer.metrics import corpus_scores
+from keras_transformer.models import CONFIGS
 from keras_transformer.models import TransformerSeq2SeqLM
 from keras_transformer.training import train_multi30k
 
@@ -108,13 +109,18 @@ def _record_stream_starts(monkeypatch):
 
 def test_killed_run_resumes_where_it_stopped_then_evaluates(tmp_path, multi30k_dir, capsys, monkeypatch):
     run, seeds, starts = str(tmp_path / "run"), _RecordSeeds(), _record_stream_starts(monkeypatch)
+    # Overrides of the config's values, as `--dropout 0.3` with `--config
+    # small` (d_ff as the config's own: no new shapes to compile).
+    settings = {**RUN, "dropout": 0.2, "d_ff": CONFIGS[RUN["config"]]["d_ff"]}
     with pytest.raises(KeyboardInterrupt):
-        train_multi30k(run, data_dir=multi30k_dir, extra_callbacks=[_Interrupt(), seeds], **RUN)
+        train_multi30k(run, data_dir=multi30k_dir, extra_callbacks=[_Interrupt(), seeds], **settings)
+    assert _read_json(os.path.join(run, "run.json"))["backbone"]["dropout"] == 0.2
     steps_per_epoch = _read_json(os.path.join(run, "run.json"))["steps_per_epoch"]
     first = list_checkpoints(os.path.join(run, "checkpoints"))
     assert [os.path.basename(p) for p in first] == [f"step-{steps_per_epoch:09d}.weights.h5"]
 
-    model, history = train_multi30k(run, data_dir=multi30k_dir, extra_callbacks=[seeds], **RUN)
+    model, history = train_multi30k(run, data_dir=multi30k_dir, extra_callbacks=[seeds], **settings)
+    assert model.backbone.dropout == 0.2
     # The resumed run goes on with the batches of the second pass and with
     # other dropout masks, rather than replaying the first epoch's.
     assert starts == [0, steps_per_epoch]
@@ -131,7 +137,7 @@ def test_killed_run_resumes_where_it_stopped_then_evaluates(tmp_path, multi30k_d
 
     # Rerun after it finished, with more epochs: trains on from the newest
     # checkpoint (the optimizer's step too), not from scratch.
-    model, history = train_multi30k(run, data_dir=multi30k_dir, **{**RUN, "epochs": 3})
+    model, history = train_multi30k(run, data_dir=multi30k_dir, **{**settings, "epochs": 3})
     assert len(history.history["loss"]) == 1
     assert starts == [0, steps_per_epoch, 2 * steps_per_epoch]
     assert int(keras.ops.convert_to_numpy(model.optimizer.iterations)) == 3 * steps_per_epoch
