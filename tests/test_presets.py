@@ -1,6 +1,7 @@
 """Presets: save and load round trips, fine-tuning, the checks on bad
 presets, saves that fail halfway, and the command line."""
 
+import glob
 import json
 import os
 
@@ -92,6 +93,21 @@ def test_a_preset_assembled_part_by_part(saved, tmp_path):
     # A backbone saved again leaves the tokenizer in place.
     model.backbone.save_to_preset(directory)
     assert TransformerTokenizer.from_preset(directory).vocabulary_size() == model.preprocessor.tokenizer.vocabulary_size()
+
+    # Another backbone saved sharded (150 kB a shard) over it: the
+    # whole-file weights go, since keras-hub would load them before the
+    # shards; saved whole again, the shards go.
+    other = TransformerBackbone.from_config(model.backbone.get_config())
+    other.set_weights([w + 1.0 for w in model.backbone.get_weights()])
+    other.save_to_preset(directory, max_shard_size=1.5e-4)
+    assert len(glob.glob(os.path.join(directory, "model_*.weights.h5"))) > 1
+    assert not os.path.exists(os.path.join(directory, "model.weights.h5"))
+    for mine, theirs in zip(TransformerBackbone.from_preset(directory).get_weights(), other.get_weights()):
+        np.testing.assert_array_equal(mine, theirs)
+    model.backbone.save_to_preset(directory)
+    assert sorted(os.listdir(directory)) == sorted(
+        ["assets", "config.json", "metadata.json", "model.weights.h5", "preprocessor.json", "tokenizer.json"]
+    )
 
 
 def test_unknown_preset_lists_the_shipped_ones():

@@ -20,6 +20,7 @@ so that a save that fails halfway leaves the directory as it was.
 """
 
 import contextlib
+import fnmatch
 import glob
 import json
 import os
@@ -33,6 +34,10 @@ CONFIG_FILE = "config.json"
 METADATA_FILE = "metadata.json"
 WEIGHTS_FILE = "model.weights.h5"
 SHARDED_WEIGHTS_INDEX = "model.weights.json"
+SHARDED_WEIGHTS_FILES = "model_*.weights.h5"  # the shards the index names
+# A backbone's weights, whole or sharded: a save of either replaces both,
+# since keras-hub reads a whole `model.weights.h5` before an index.
+WEIGHTS_ENTRIES = (WEIGHTS_FILE, SHARDED_WEIGHTS_INDEX, SHARDED_WEIGHTS_FILES)
 TASK_FILE = "task.json"
 TASK_WEIGHTS_FILE = "task.weights.h5"
 PREPROCESSOR_FILE = "preprocessor.json"
@@ -41,7 +46,7 @@ ASSETS_DIR = "assets"
 # Everything a save writes: what an earlier save left and a new one does not
 # write again is removed, so that a directory never mixes two presets.
 PRESET_ENTRIES = (
-    CONFIG_FILE, METADATA_FILE, WEIGHTS_FILE, SHARDED_WEIGHTS_INDEX, TASK_FILE,
+    CONFIG_FILE, METADATA_FILE, *WEIGHTS_ENTRIES, TASK_FILE,
     TASK_WEIGHTS_FILE, PREPROCESSOR_FILE, TOKENIZER_FILE, ASSETS_DIR,
 )
 
@@ -320,8 +325,9 @@ def saving(preset_dir, metadata=None, replaces=PRESET_ENTRIES):
         preset_dir: where the preset goes.
         metadata: a dict merged into `metadata.json` after the save (into
             the one already in `preset_dir` if the save writes none).
-        replaces: the files of an older preset in `preset_dir` that go
-            even if this save does not write them. A whole preset (a
+        replaces: the files of an older preset in `preset_dir` (names or
+            glob patterns) that go even if this save does not write them.
+            A whole preset (a
             task's) replaces all preset files, so that none of an older
             model is left; a part saved beside the others, as keras-hub
             assembles a preset (a backbone, then its tokenizer), replaces
@@ -360,7 +366,9 @@ def _merge_metadata(directory, metadata, previous_dir):
 def _move_into_place(staging, preset_dir, replaces):
     os.makedirs(preset_dir, exist_ok=True)
     written = set(os.listdir(staging))
-    replaced = written | set(replaces)
+    replaced = written | {
+        name for name in os.listdir(preset_dir) if any(fnmatch.fnmatchcase(name, p) for p in replaces)
+    }
     # Set the old preset's entries aside first, so that a failure while
     # moving can put them back.
     aside = tempfile.mkdtemp(prefix=f".{os.path.basename(preset_dir)}.previous-", dir=os.path.dirname(preset_dir))
@@ -411,7 +419,7 @@ class PresetIO:
         if isinstance(self, keras_hub.models.Task):
             replaces = PRESET_ENTRIES
         elif isinstance(self, keras_hub.models.Backbone):
-            replaces = (TASK_FILE, TASK_WEIGHTS_FILE)
+            replaces = (TASK_FILE, TASK_WEIGHTS_FILE, *WEIGHTS_ENTRIES)
         else:
             replaces = ()
         with saving(preset_dir, metadata, replaces) as directory:
