@@ -12,6 +12,7 @@ into one model whose weights are their mean.
 import glob
 import os
 import re
+import warnings
 
 import keras
 import numpy as np
@@ -41,11 +42,17 @@ def list_checkpoints(directory):
 class KeepLastCheckpoints(keras.callbacks.Callback):
     """Saves the weights regularly and keeps the last `keep` files.
 
+    The directory belongs to one run. A checkpoint there of a later step
+    than the one being written is from another run, or from before the
+    point this run was resumed at: it is removed, with a warning, so that
+    the newest `keep` are this run's own.
+
     Args:
         directory: where the `step-NNNNNNNNN.weights.h5` files go.
         keep: how many of the newest checkpoints to keep (the paper
             averages 5).
-        save_every: save every this many training steps; None saves at the
+        save_every: save each time the step count passes a multiple of
+            this (also with `steps_per_execution` > 1); None saves at the
             end of every epoch.
 
     Example:
@@ -60,6 +67,8 @@ class KeepLastCheckpoints(keras.callbacks.Callback):
         super().__init__()
         if keep < 1:
             raise ValueError(f"keep must be at least 1, got {keep}.")
+        if save_every is not None and save_every < 1:
+            raise ValueError(f"save_every must be at least 1 (or None: every epoch), got {save_every}.")
         self.directory = directory
         self.keep = int(keep)
         self.save_every = save_every
@@ -76,13 +85,29 @@ class KeepLastCheckpoints(keras.callbacks.Callback):
         partial = os.path.join(self.directory, _PARTIAL.format(name=os.path.basename(path)))
         self.model.save_weights(partial, overwrite=True)
         os.replace(partial, path)
-        for old in list_checkpoints(self.directory)[: -self.keep]:
+        checkpoints = list_checkpoints(self.directory)
+        later = [p for p in checkpoints if checkpoint_step(p) > step]
+        if later:
+            warnings.warn(
+                f"Removed checkpoints of later steps than this run's {step} from {self.directory!r} "
+                f"({', '.join(os.path.basename(p) for p in later)}): they are another run's, or from "
+                "before this run was resumed. Give each run its own directory.",
+                stacklevel=2,
+            )
+        ours = checkpoints[: len(checkpoints) - len(later)]
+        for old in ours[: max(0, len(ours) - self.keep)] + later:
             os.remove(old)
         for left in glob.glob(os.path.join(self.directory, _PARTIAL.format(name="*"))):
             os.remove(left)  # from a run killed mid-write
 
+    def on_train_batch_begin(self, batch, logs=None):
+        if self.save_every:
+            self._step_before = self._step()
+
     def on_train_batch_end(self, batch, logs=None):
-        if self.save_every and self._step() % self.save_every == 0:
+        # With steps_per_execution > 1 the count moves several steps at a
+        # time, past multiples of save_every rather than onto them.
+        if self.save_every and self._step() // self.save_every > self._step_before // self.save_every:
             self._save()
 
     def on_epoch_end(self, epoch, logs=None):

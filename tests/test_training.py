@@ -11,6 +11,7 @@ import sacrebleu
 from keras_transformer import cli
 from keras_transformer.callbacks import KeepLastCheckpoints
 from keras_transformer.callbacks import average_checkpoints
+from keras_transformer.callbacks import checkpoint_step
 from keras_transformer.callbacks import list_checkpoints
 from keras_transformer.metrics import corpus_scores
 from keras_transformer.models import CONFIGS
@@ -62,6 +63,43 @@ def test_keep_last_checkpoints_and_average(tmp_path):
         np.testing.assert_allclose(weight, np.mean([s[i] for s in snapshots], axis=0), rtol=1e-6)
     with pytest.raises(ValueError, match="No checkpoints"):
         average_checkpoints(model, [])
+
+
+def test_checkpoints_every_n_steps_with_several_steps_an_execution(tmp_path):
+    if keras.config.backend() == "torch":
+        pytest.skip("Keras runs one step an execution on PyTorch")
+    x, y = np.random.rand(40, 3), np.random.rand(40, 2)
+    # Steps 1-40 run 4 at a time: the count passes 10 and 30 without
+    # landing on them.
+    model = _small_model()
+    model.compile(optimizer="sgd", loss="mse", steps_per_execution=4)
+    callback = KeepLastCheckpoints(str(tmp_path), keep=10, save_every=10)
+    model.fit(x, y, batch_size=1, epochs=1, verbose=0, callbacks=[callback])
+    assert [os.path.basename(p) for p in list_checkpoints(str(tmp_path))] == [
+        f"step-{s:09d}.weights.h5" for s in (12, 20, 32, 40)
+    ]
+    with pytest.raises(ValueError, match="save_every must be at least 1"):
+        KeepLastCheckpoints(str(tmp_path), save_every=0)
+
+
+def test_checkpoints_of_another_run_are_not_averaged_with_this_ones(tmp_path):
+    x, y = np.random.rand(8, 3), np.random.rand(8, 2)
+    earlier = _small_model()
+    earlier.compile(optimizer="sgd", loss="mse")
+    earlier.fit(x, y, batch_size=4, epochs=5, verbose=0, callbacks=[KeepLastCheckpoints(str(tmp_path), keep=2)])
+    assert [checkpoint_step(p) for p in list_checkpoints(str(tmp_path))] == [8, 10]
+    # A new model in the same directory: its own checkpoint stays (it was
+    # deleted at once as the oldest), and the other run's go, with a warning.
+    model = _small_model()
+    model.compile(optimizer="sgd", loss="mse")
+    with pytest.warns(UserWarning, match=r"later steps than this run's 2 .*step-000000008.*step-000000010"):
+        model.fit(x, y, batch_size=4, epochs=1, verbose=0, callbacks=[KeepLastCheckpoints(str(tmp_path), keep=2)])
+    (path,) = list_checkpoints(str(tmp_path))
+    assert checkpoint_step(path) == 2
+    saved = [w.copy() for w in model.get_weights()]
+    average_checkpoints(model, [path])
+    for mine, theirs in zip(model.get_weights(), saved):
+        np.testing.assert_array_equal(mine, theirs)
 
 
 class _Interrupt(keras.callbacks.Callback):
