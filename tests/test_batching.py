@@ -135,15 +135,28 @@ def test_batches_split_evenly_across_replicas_and_shard_across_processes(small_t
     assert batches.tokens_per_batch().max() > 0.8 * replicas * budget
     assert 4000 - sum(sizes) < replicas  # at most the last few pairs are left out
 
-    # Two processes: disjoint shares of the same size, together all but at most one batch.
-    shards = [
-        TokenBudgetBatches(encoder_ids, decoder_ids, max_tokens=budget, seed=3, num_shards=2, shard_index=i)
-        for i in range(2)
-    ]
-    assert len(shards[0]) == len(shards[1]) == len(shards[0].batches) // 2
-    for _ in range(2):  # a new share on every pass
-        seen = [[tuple(x["encoder_token_ids"][0]) + (x["encoder_token_ids"].shape,) for x, _, _ in shard] for shard in shards]
-        assert len(seen[0]) == len(seen[1]) == len(shards[0])
-        assert not set(seen[0]) & set(seen[1])
+    # Two processes: disjoint shares of the same size, together all but at
+    # most one batch; also with no seed given (as `**strategy.batching()`
+    # leaves it), since each process draws the same orders.
+    for seed in (3, None):
+        shards = [
+            TokenBudgetBatches(encoder_ids, decoder_ids, max_tokens=budget, seed=seed, num_shards=2, shard_index=i)
+            for i in range(2)
+        ]
+        assert len(shards[0]) == len(shards[1]) == len(shards[0].batches) // 2
+        for _ in range(2):  # a new share on every pass
+            seen = [
+                [tuple(x["encoder_token_ids"][0]) + (x["encoder_token_ids"].shape,) for x, _, _ in shard]
+                for shard in shards
+            ]
+            assert len(seen[0]) == len(seen[1]) == len(shards[0])
+            assert not set(seen[0]) & set(seen[1])
     with pytest.raises(ValueError, match="shard_index"):
         TokenBudgetBatches(encoder_ids, decoder_ids, num_shards=2, shard_index=2)
+    # Too little data for every process or device to get a batch.
+    with pytest.raises(ValueError, match="3 pairs make 1 batches .* too few for 2 processes"):
+        TokenBudgetBatches(encoder_ids[:3], decoder_ids[:3], num_shards=2)
+    with pytest.raises(ValueError, match="3 pairs make 0 batches of at least 4 pairs"):
+        TokenBudgetBatches(encoder_ids[:3], decoder_ids[:3], num_replicas=4)
+    with pytest.raises(ValueError, match="pad_to_multiple_of must be at least 1"):
+        TokenBudgetBatches(encoder_ids, decoder_ids, pad_to_multiple_of=0)

@@ -47,7 +47,8 @@ class TokenBudgetBatches:
             a longer sequence is an error.
         pad_id: the padding token id.
         shuffle: shuffle the batch order on every pass.
-        seed: seed of the shuffling.
+        seed: seed of the shuffling. With several `num_shards`, None
+            means 0: every process must draw the same orders.
         num_replicas: devices that each batch is split across (JAX and
             TensorFlow data parallelism split the batch axis): every batch
             holds a multiple of this many pairs; the last few pairs that do
@@ -86,6 +87,10 @@ class TokenBudgetBatches:
             raise ValueError(f"shard_index must be in [0, {num_shards}), got {shard_index}.")
         if num_replicas < 1:
             raise ValueError(f"num_replicas must be at least 1, got {num_replicas}.")
+        if pad_to_multiple_of < 1:
+            raise ValueError(f"pad_to_multiple_of must be at least 1, got {pad_to_multiple_of}.")
+        if num_shards > 1 and seed is None:
+            seed = 0
         if len(encoder_ids) != len(decoder_ids):
             raise ValueError(
                 f"{len(encoder_ids)} source sequences but {len(decoder_ids)} target sequences."
@@ -123,6 +128,12 @@ class TokenBudgetBatches:
             )
         self.source_lengths, self.target_lengths = source_lengths, target_lengths
         self.batches = self._make_batches()
+        if len(self.batches) < self.num_shards:
+            raise ValueError(
+                f"{len(encoder_ids)} pairs make {len(self.batches)} batches of at least {self.num_replicas} "
+                f"pairs (one a device), too few for {self.num_shards} processes to get one each: "
+                "use more pairs, or a smaller max_tokens."
+            )
 
     def _pad(self, lengths):
         """Padded lengths: rounded up, but not past `max_length`."""
@@ -326,7 +337,8 @@ def token_budget_batches(
             padded lengths do not go past it either.
         pad_to_multiple_of: round padded lengths up to a multiple of this.
         shuffle: shuffle the batch order on every pass.
-        seed: seed of the shuffling.
+        seed: seed of the shuffling. With several `num_shards`, None
+            means 0: every process must draw the same orders.
         num_replicas, num_shards, shard_index: for training on several
             devices or processes, see `TokenBudgetBatches`.
 
