@@ -134,6 +134,13 @@ class BleuEvaluation(keras.callbacks.Callback):
     def __init__(self, sources, references, every=1, batch_size=64, **generate_kwargs):
         super().__init__()
         self.sources, self.references = list(sources), list(references)
+        if len(self.sources) != len(self.references) or not self.sources:
+            raise ValueError(
+                f"BleuEvaluation needs as many references as sources, at least one; got "
+                f"{len(self.sources)} sources and {len(self.references)} references."
+            )
+        if every < 1:
+            raise ValueError(f"every must be at least 1 (epochs), got {every}.")
         self.every = int(every)
         self.batch_size = batch_size
         self.generate_kwargs = generate_kwargs

@@ -30,6 +30,8 @@ def corpus_scores(hypotheses, references):
     hypotheses, references = list(hypotheses), list(references)
     if len(hypotheses) != len(references):
         raise ValueError(f"{len(hypotheses)} hypotheses but {len(references)} references.")
+    if not references:
+        raise ValueError("No sentences to score: give at least one hypothesis and its reference.")
     bleu = sacrebleu.metrics.BLEU()
     bleu_lowercase = sacrebleu.metrics.BLEU(lowercase=True)
     chrf = sacrebleu.metrics.CHRF()
@@ -60,6 +62,8 @@ def evaluate_translation(model, sources, references, batch_size=64, verbose=1, *
     sources, references = list(sources), list(references)
     if len(sources) != len(references):
         raise ValueError(f"{len(sources)} sources but {len(references)} references.")
+    if not sources:
+        raise ValueError("No sentences to translate and score.")
     translations = model.generate(sources, batch_size=batch_size, verbose=verbose, **generate_kwargs)
     scores = corpus_scores(translations, references)
     scores["translations"] = translations

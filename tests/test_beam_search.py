@@ -135,6 +135,22 @@ def test_bad_arguments():
         beam_search(model, [[START, END]], beam_size=2, num_results=3)
     with pytest.raises(ValueError, match="alpha"):
         beam_search(model, [[START, END]], alpha=-1)
+    with pytest.raises(ValueError, match="max_length_offset must be >= 0"):
+        beam_search(model, [[START, END]], max_length_offset=-100)
+    with pytest.raises(ValueError, match="batch_size must be at least 1"):
+        model.generate({"encoder_token_ids": [[START, END]], "encoder_padding_mask": [[1, 1]]}, batch_size=0)
+    with pytest.raises(ValueError, match="Greedy decoding gives one result"):
+        model.generate({"encoder_token_ids": [[START, END]], "encoder_padding_mask": [[1, 1]]},
+                       sampler="greedy", num_results=2)
+
+
+def test_sources_as_arrays_equal_sources_as_lists():
+    model = tiny_model(seed=2)
+    sources = [[START, 4, 5, END], [START, 5, END]]
+    expected = beam_search(model, sources, beam_size=2, max_length_offset=4)
+    for given in ([np.array(ids, "int32") for ids in sources], [ops.convert_to_tensor(ids) for ids in sources]):
+        assert beam_search(model, given, beam_size=2, max_length_offset=4) == expected
+    assert greedy_search(model, [np.array(ids) for ids in sources]) == greedy_search(model, sources)
 
 
 def test_sources_up_to_the_limit_of_learned_positions():

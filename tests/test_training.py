@@ -9,6 +9,7 @@ import pytest
 import sacrebleu
 
 from keras_transformer import cli
+from keras_transformer.callbacks import BleuEvaluation
 from keras_transformer.callbacks import KeepLastCheckpoints
 from keras_transformer.callbacks import average_checkpoints
 from keras_transformer.callbacks import checkpoint_step
@@ -32,6 +33,12 @@ def test_bleu_is_sacrebleus_own(multi30k_dir):
     assert scores["bleu_lowercase"] > scores["bleu"]
     assert scores["bleu_signature"].startswith("nrefs:1|case:mixed")
     assert "case:lc" in scores["bleu_lowercase_signature"]
+    with pytest.raises(ValueError, match="No sentences to score"):
+        corpus_scores([], [])
+    with pytest.raises(ValueError, match="every must be at least 1"):
+        BleuEvaluation(["a"], ["b"], every=0)
+    with pytest.raises(ValueError, match="1 sources and 2 references"):
+        BleuEvaluation(["a"], ["b", "c"])
 
 
 def _small_model():

@@ -134,6 +134,10 @@ def beam_search(model, sources, beam_size=4, alpha=0.6, max_length_offset=50, nu
         raise ValueError(f"num_results must be between 1 and beam_size={beam_size}, got {num_results}.")
     if alpha < 0:
         raise ValueError(f"alpha must be >= 0, got {alpha}.")
+    if max_length_offset < 0:
+        raise ValueError(f"max_length_offset must be >= 0, got {max_length_offset}.")
+    # Lists of ints, whether given as lists, arrays or tensors.
+    sources = [np.asarray(ids, "int32").reshape(-1).tolist() for ids in sources]
     pad_id, start_id, end_id = _special_ids(model)
     results = [[] for _ in sources]
     rows = [i for i, ids in enumerate(sources) if ids]

@@ -386,7 +386,11 @@ class TransformerSeq2SeqLM(PresetIO, keras_hub.models.Seq2SeqLM):
             )
         if keras_hub_sampler and (num_results > 1 or return_scores):
             raise ValueError("keras-hub samplers give no scores or n-best lists; use sampler='beam'.")
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be at least 1, got {batch_size}.")
         if sampler == "greedy":
+            if num_results > 1:
+                raise ValueError(f"Greedy decoding gives one result; num_results={num_results} needs sampler='beam'.")
             beam_size, alpha = 1, 0.0
         if num_results > beam_size:
             raise ValueError(f"num_results={num_results} needs beam_size >= {num_results}.")
