@@ -135,7 +135,7 @@ def test_bad_arguments():
         beam_search(model, [[START, END]], beam_size=2, num_results=3)
     with pytest.raises(ValueError, match="alpha"):
         beam_search(model, [[START, END]], alpha=-1)
-    with pytest.raises(ValueError, match="max_length_offset must be >= 0"):
+    with pytest.raises(ValueError, match="max_length_offset=-100 leaves no output token for a source of 2"):
         beam_search(model, [[START, END]], max_length_offset=-100)
     with pytest.raises(ValueError, match="batch_size must be at least 1"):
         model.generate({"encoder_token_ids": [[START, END]], "encoder_padding_mask": [[1, 1]]}, batch_size=0)

@@ -134,8 +134,6 @@ def beam_search(model, sources, beam_size=4, alpha=0.6, max_length_offset=50, nu
         raise ValueError(f"num_results must be between 1 and beam_size={beam_size}, got {num_results}.")
     if alpha < 0:
         raise ValueError(f"alpha must be >= 0, got {alpha}.")
-    if max_length_offset < 0:
-        raise ValueError(f"max_length_offset must be >= 0, got {max_length_offset}.")
     # Lists of ints, whether given as lists, arrays or tensors.
     sources = [np.asarray(ids, "int32").reshape(-1).tolist() for ids in sources]
     pad_id, start_id, end_id = _special_ids(model)
@@ -148,6 +146,12 @@ def beam_search(model, sources, beam_size=4, alpha=0.6, max_length_offset=50, nu
     encoder_ids, encoder_mask = pad_sources([sources[i] for i in rows], pad_id, limit)
     # Output tokens allowed for each source (the start token takes a position).
     budgets = np.array([min(len(sources[i]) + max_length_offset, limit - 1) for i in rows])
+    if budgets.min() < 1:
+        raise ValueError(
+            f"max_length_offset={max_length_offset} leaves no output token for a source of "
+            f"{min(len(sources[i]) for i in rows)} tokens: outputs may have the source's length plus "
+            "max_length_offset tokens."
+        )
     max_length = min(_round_up(int(budgets.max()) + 1, 8), limit)
 
     encode, step = model.decoding_functions()
