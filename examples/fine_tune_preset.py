@@ -8,8 +8,8 @@ a handful of sentences written for this example; use your own corpus), saves
 the result with `save_to_preset`, loads it back with `from_preset` and
 checks that the loaded model translates exactly as the fine-tuned one did.
 Eight pairs are only enough to show the mechanics (the model learns them by
-heart: "The train leaves at eight o'clock." goes from "Der Zugperspektive an
-den Zug." to "Der Zug fährt um acht Uhr ab."); fine-tune on thousands.
+heart: "The train leaves at eight o'clock." goes from "Der Zugperspektive."
+to "Der Zug fährt um acht Uhr ab."); fine-tune on thousands.
 `keras-transformer translate --preset /tmp/my-en-de "..."` then uses it.
 """
 

@@ -45,3 +45,18 @@ def test_missing_file_is_named(tmp_path, multi30k_dir):
 def test_checksums_match_the_local_copy(multi30k_dir):
     for name, digest in multi30k.SHA256.items():
         assert multi30k._sha256(os.path.join(multi30k_dir, name)) == digest, name
+
+
+def test_a_failed_download_says_how_to_work_offline(monkeypatch, capsys):
+    from keras_transformer import cli
+
+    def offline(*args, **kwargs):
+        raise Exception("URL fetch failure: Name or service not known")
+
+    monkeypatch.delenv(multi30k.ENV_VAR, raising=False)
+    monkeypatch.setattr(multi30k.keras.utils, "get_file", offline)
+    with pytest.raises(FileNotFoundError, match="Could not download Multi30k file val.en.gz .*Name or service"):
+        multi30k.load("val", "en", "de")
+    # The command line prints the message, not a traceback.
+    with pytest.raises(SystemExit, match=r"error: Could not download .* \(--data-dir\)"):
+        cli.main(["evaluate", "transformer_multi30k_en_de", "--split", "val", "--limit", "1"])

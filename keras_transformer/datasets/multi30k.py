@@ -89,13 +89,19 @@ def _path(split, language, data_dir):
             f"holds the task 1 raw files ({name}, ...), or leave `data_dir` and "
             f"${ENV_VAR} unset to download them."
         )
-    return keras.utils.get_file(
-        fname=name,
-        origin=URL + name,
-        file_hash=SHA256[name],
-        hash_algorithm="sha256",
-        cache_subdir=os.path.join("datasets", "multi30k"),
-    )
+    try:
+        return keras.utils.get_file(
+            fname=name,
+            origin=URL + name,
+            file_hash=SHA256[name],
+            hash_algorithm="sha256",
+            cache_subdir=os.path.join("datasets", "multi30k"),
+        )
+    except Exception as error:  # get_file raises a bare Exception for network failures
+        raise FileNotFoundError(
+            f"Could not download Multi30k file {name} from {URL} ({error}). Without a network, pass "
+            f"the directory that holds the task 1 raw files as `data_dir` (--data-dir) or set ${ENV_VAR}."
+        ) from error
 
 
 def read_lines(split, language, data_dir=None):

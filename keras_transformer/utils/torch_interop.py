@@ -73,6 +73,9 @@ def copy_torch_transformer_weights(torch_transformer, backbone):
         d_model=64, nhead=4, num_encoder_layers=2, num_decoder_layers=2,
         dim_feedforward=128, dropout=0.0, batch_first=True,
     )
+    # The paper's post-norm layers have no final LayerNorm; torch adds one.
+    torch_model.encoder.norm = None
+    torch_model.decoder.norm = None
     backbone = TransformerBackbone(
         vocabulary_size=100, num_layers=2, d_model=64, num_heads=4, d_ff=128
     )

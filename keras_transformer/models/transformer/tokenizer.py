@@ -88,8 +88,8 @@ class TransformerTokenizer(PresetIO, keras_hub.tokenizers.SentencePieceTokenizer
         ids or turn on byte fallback. Byte fallback spells any character the
         vocabulary lacks as bytes, so that no text becomes `<unk>`; the
         identity normalization keeps the text as written. Detokenization
-        gives back the text exactly, except that runs of whitespace become
-        one space and leading and trailing whitespace goes.
+        gives back the text exactly, except that runs of spaces become
+        one space and leading and trailing spaces go.
 
         Args:
             texts: an iterable of strings: source and target sentences
