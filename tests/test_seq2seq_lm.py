@@ -1,7 +1,10 @@
 """The translation task: the paper's recipe in compile, fit on real text,
 cached greedy decoding."""
 
+import warnings
+
 import keras
+import keras_hub
 import numpy as np
 import pytest
 
@@ -59,11 +62,29 @@ def test_preprocessor_errors(small_tokenizer):
         preprocessor({"encoder_text": ["a"], "decoder_text": ["b"]}, y=["b"])
 
 
-def test_fit_takes_string_pairs(small_tokenizer, multi30k_train):
+def test_fit_takes_string_pairs_and_shuffles_them_each_epoch(small_tokenizer, multi30k_train, monkeypatch):
     sources, targets = multi30k_train
     model = tiny_model(small_tokenizer)
-    history = model.fit({"encoder_text": sources[:64], "decoder_text": targets[:64]}, batch_size=32, epochs=1, verbose=0)
+    pairs = {"encoder_text": sources[:64], "decoder_text": targets[:64]}
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message=".*shuffle.*ignored")
+        history = model.fit(pairs, batch_size=32, epochs=1, verbose=0)
     assert np.isfinite(history.history["loss"][0])
+
+    # What keras-hub's fit receives: every pair once a pass, in a new order
+    # each pass; in the given order with shuffle=False.
+    given = []
+    monkeypatch.setattr(keras_hub.models.Seq2SeqLM, "fit", lambda self, x, *args, **kwargs: given.append(x))
+
+    def passes(data):
+        return [[s.decode() for batch in data for s in batch["encoder_text"].numpy()] for _ in range(2)]
+
+    model.fit(pairs, batch_size=32, epochs=2)
+    first, second = passes(given[-1])
+    assert sorted(first) == sorted(second) == sorted(pairs["encoder_text"])
+    assert first != second and first != pairs["encoder_text"]
+    model.fit(pairs, batch_size=32, epochs=2, shuffle=False)
+    assert given[-1] is pairs
 
 
 def _unigram_cross_entropy(train_batches, val_batches, vocabulary_size):

@@ -104,6 +104,25 @@ class TransformerSeq2SeqLM(PresetIO, keras_hub.models.Seq2SeqLM):
             **kwargs,
         )
 
+    def fit(self, x=None, y=None, batch_size=None, sample_weight=None, shuffle=True, **kwargs):
+        """`keras.Model.fit`, shuffling data held in memory every epoch.
+
+        keras-hub batches strings and arrays in the order given, the same
+        every epoch, and ignores `shuffle` (Keras warns that it does). Here
+        such data (a dict, list, tuple or array) is shuffled anew each epoch,
+        as `keras.Model.fit` does, unless `shuffle=False` or with
+        `validation_split`. Datasets are read as they are: they shuffle
+        themselves, like `token_budget_batches(...).dataset()`.
+        """
+        in_memory = isinstance(x, (dict, list, tuple, np.ndarray))
+        if shuffle and in_memory and not kwargs.get("validation_split"):
+            import tensorflow as tf
+
+            samples = tf.data.Dataset.from_tensor_slices(keras.utils.pack_x_y_sample_weight(x, y, sample_weight))
+            x = samples.shuffle(int(samples.cardinality()), reshuffle_each_iteration=True).batch(batch_size or 32)
+            y = sample_weight = batch_size = None
+        return super().fit(x, y, batch_size=batch_size, sample_weight=sample_weight, shuffle=False, **kwargs)
+
     def train_step(self, *args, **kwargs):
         # PyTorch processes launched together (keras_transformer.distribution)
         # run Keras's step through DistributedDataParallel.
