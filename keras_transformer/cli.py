@@ -44,6 +44,35 @@ def _positive_float(text):
     return value
 
 
+def _non_negative_int(text):
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be 0 or more, got {value}")
+    return value
+
+
+def _lines(text):
+    """The lines of a text file: split at newlines only (`str.splitlines`
+    also splits at form feeds and Unicode line separators inside a line,
+    which would shift every translation after them)."""
+    lines = text.split("\n")
+    if lines and lines[-1] == "":
+        lines.pop()
+    return [line[:-1] if line.endswith("\r") else line for line in lines]
+
+
+def _check_output_path(path):
+    """Fails before any work if `path` cannot be written, so that a long
+    run is not lost at the end (the file itself is written only then)."""
+    if path is None:
+        return
+    directory = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(directory):
+        raise FileNotFoundError(f"Cannot write {path!r}: the directory {directory!r} does not exist.")
+    if os.path.isdir(path):
+        raise IsADirectoryError(f"Cannot write {path!r}: it is a directory.")
+
+
 def _probability(text):
     value = float(text)
     if not 0 <= value < 1:
@@ -74,7 +103,7 @@ def _add_train(subparsers):
     p.add_argument("--learning-rate-scale", type=_positive_float, default=1.0)
     p.add_argument("--label-smoothing", type=_probability, default=0.1)
     p.add_argument("--keep-checkpoints", type=_positive_int, default=5, help="checkpoints averaged at the end")
-    p.add_argument("--bleu-sentences", type=int, default=200, help="val sentences for BLEU each epoch")
+    p.add_argument("--bleu-sentences", type=_non_negative_int, default=200, help="val sentences for BLEU each epoch")
     p.add_argument("--limit", type=_positive_int, help="use only the first N training pairs")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--from-preset", metavar="PRESET",
@@ -206,6 +235,7 @@ def _evaluate(args):
     from keras_transformer.models import TransformerSeq2SeqLM
 
     presets.check(args.model, ("config", "tokenizer"))  # before its languages are read
+    _check_output_path(args.output)
     source, target = _languages(args.model, args)
     sources, references = multi30k.load(args.split, source, target, args.data_dir)
     if args.limit:
@@ -250,11 +280,12 @@ def _translate(args):
         texts = args.text
     elif args.input:
         with open(args.input, encoding="utf-8") as f:
-            texts = f.read().splitlines()
+            texts = _lines(f.read())
     else:
         if sys.stdin.isatty():
             print("Type sentences, one a line; end with Ctrl-D.", file=sys.stderr)
-        texts = sys.stdin.read().splitlines()
+        texts = _lines(sys.stdin.read())
+    _check_output_path(args.output)
     model = TransformerSeq2SeqLM.from_preset(args.preset)
     decoding = dict(sampler="greedy") if args.beam_size == 1 else dict(beam_size=args.beam_size, alpha=args.alpha)
     # The progress bar goes to stderr, so that stdout holds translations only.
@@ -348,7 +379,7 @@ def main(argv=None):
     }
     try:
         commands[args.command](args)
-    except (ValueError, FileNotFoundError, FileExistsError) as error:
+    except (ValueError, FileNotFoundError, FileExistsError, IsADirectoryError) as error:
         # Bad input (presets, text, files, settings): the message, not a
         # traceback. PresetError is a ValueError.
         raise SystemExit(f"error: {error}") from None

@@ -207,6 +207,15 @@ def test_cli_translate_and_presets(saved, capsys, tmp_path):
               "-i", str(source_file), "-o", str(output)])
     greedy = model.generate(SOURCES, sampler="greedy")
     assert output.read_text(encoding="utf-8").splitlines() == greedy * 3
+    # Lines split at newlines only: a form feed or a Unicode line separator
+    # inside a line, and Windows line ends, keep one translation a line.
+    source_file.write_text(f"Ein Hund\u2028läuft.\r\nZwei\x0cMänner.\r\n{SOURCES[2]}\n", encoding="utf-8")
+    cli.main(["translate", "--preset", directory, "--beam-size", "1", "-i", str(source_file), "-o", str(output)])
+    translations = output.read_text(encoding="utf-8").split("\n")
+    assert len(translations) == 4 and translations[2:] == [greedy[2], ""]
+    # An output that cannot be written fails before any translating.
+    with pytest.raises(SystemExit, match="error: Cannot write .* does not exist"):
+        cli.main(["translate", "--preset", directory, "-i", str(source_file), "-o", str(tmp_path / "no" / "out.txt")])
 
     with pytest.raises(SystemExit, match="Unknown preset"):
         cli.main(["translate", "--preset", str(tmp_path / "missing"), "Hallo."])

@@ -325,6 +325,9 @@ def test_steps_make_epochs_of_at_most_one_pass_and_reruns_train_on_to_the_total(
     assert _epoch_plan(132, 30, 400, {"steps_per_epoch": 132}) == (4, 132)
 
 
-def test_cli_rejects_unknown_config(tmp_path, multi30k_dir):
+def test_cli_rejects_unknown_config(tmp_path, multi30k_dir, capsys):
     with pytest.raises(SystemExit, match="error: Unknown config 'huge'"):
         cli.main(["train", "--output-dir", str(tmp_path), "--data-dir", multi30k_dir, "--config", "huge"])
+    with pytest.raises(SystemExit):
+        cli.main(["train", "--output-dir", str(tmp_path), "--bleu-sentences", "-1"])
+    assert "--bleu-sentences: must be 0 or more" in capsys.readouterr().err
