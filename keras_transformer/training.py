@@ -128,6 +128,37 @@ def _epoch_plan(num_batches, epochs, steps, previous_run):
     return math.ceil(steps / steps_per_epoch), steps_per_epoch
 
 
+# Settings a resumed run must keep: they make its vocabulary, weights,
+# batches (hence epochs) and schedule. Others (epochs, steps, dropout,
+# keep_checkpoints, bleu_sentences) may change from one call to the next.
+RUN_FIXED = (
+    "source", "target", "config", "tokenizer_algorithm", "max_tokens", "pad_to_multiple_of", "limit",
+    "seed", "warmup_steps", "learning_rate_scale", "label_smoothing", "initial_step",
+)
+
+
+def _architecture(backbone_config):
+    return {key: value for key, value in (backbone_config or {}).items() if key not in PRESET_OVERRIDES}
+
+
+def _check_same_settings(output_dir, settings, backbone_config):
+    """Refuses to resume a run with settings that differ from those it
+    started with (run.json), before any work and before run.json changes."""
+    run = _read_run(output_dir)
+    if not run:
+        return
+    changed = [key for key in RUN_FIXED if key in run and key in settings and run[key] != settings[key]]
+    if backbone_config is not None and _architecture(run.get("backbone")) != _architecture(backbone_config):
+        changed.append("the architecture")
+    if changed:
+        was = ", ".join(f"{key}={run[key]!r}" for key in changed if key in run)
+        raise ValueError(
+            f"{output_dir} holds a run started with other settings (changed: {', '.join(changed)}"
+            + (f"; the run has {was}" if was else "")
+            + "). Resume it with its own settings, or choose a new output directory."
+        )
+
+
 def _check_run_start(output_dir, initial_preset):
     """Refuses to resume a run with another start than it had: a run from a
     preset must be resumed from that preset, a run from scratch from
@@ -299,6 +330,20 @@ def train_multi30k(
             f"(only {', '.join(PRESET_OVERRIDES)} can). Train from scratch with `config` to change it."
         )
     _check_run_start(output_dir, initial_preset)
+    if initial_step is None and not initial_preset:
+        initial_step = _read_run(output_dir).get("initial_step")
+    settings = dict(
+        source=source, target=target, config=None if initial_preset else config,
+        tokenizer_algorithm=None if initial_preset else tokenizer_algorithm, max_tokens=max_tokens,
+        pad_to_multiple_of=pad_to_multiple_of, limit=limit, seed=seed, warmup_steps=warmup_steps,
+        learning_rate_scale=learning_rate_scale, label_smoothing=label_smoothing,
+    )
+    if initial_step is not None:
+        settings["initial_step"] = initial_step
+    _check_same_settings(
+        output_dir, settings,
+        None if initial_preset else {**CONFIGS[config], **config_overrides, "max_sequence_length": max_sequence_length},
+    )
     os.makedirs(output_dir, exist_ok=True)
     keras.utils.set_random_seed(seed)
     sources, targets = multi30k.load("train", source, target, data_dir)

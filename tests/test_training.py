@@ -191,6 +191,14 @@ def test_killed_run_resumes_where_it_stopped_then_evaluates(tmp_path, multi30k_d
     ]
     assert len(open(os.path.join(run, "history.csv")).read().splitlines()) == 1 + 3
     assert "Continuing from" in capsys.readouterr().out
+    # Resumed with settings that make other batches or weights: refused
+    # before any work, run.json as it was.
+    before = _read_json(os.path.join(run, "run.json"))
+    with pytest.raises(ValueError, match=r"other settings \(changed: max_tokens; the run has max_tokens=512\)"):
+        train_multi30k(run, data_dir=multi30k_dir, **{**settings, "epochs": 4, "max_tokens": 1024})
+    with pytest.raises(ValueError, match=r"other settings \(changed: the architecture\)"):
+        train_multi30k(run, data_dir=multi30k_dir, **{**settings, "epochs": 4, "num_layers": 3})
+    assert _read_json(os.path.join(run, "run.json")) == before
 
     capsys.readouterr()
     output = str(tmp_path / "hyp.de")
@@ -287,6 +295,19 @@ def test_run_from_a_preset_keeps_its_weights_vocabulary_and_schedule(tmp_path, m
     with pytest.raises(ValueError, match="started from preset .*--from-preset"):
         train_multi30k(run, data_dir=multi30k_dir, **{**settings, "epochs": 3})
     assert _read_json(os.path.join(run, "run.json"))["initial_preset"] == preset
+
+
+def test_a_run_keeps_its_first_step_when_trained_longer(tmp_path, multi30k_dir):
+    run, settings = str(tmp_path / "run"), {**RUN, "epochs": 1, "limit": 64, "bleu_sentences": 0}
+    model, _ = train_multi30k(run, data_dir=multi30k_dir, initial_step=100, **settings)
+    steps_per_epoch = _read_json(os.path.join(run, "run.json"))["steps_per_epoch"]
+    # Rerun for longer without --initial-step: the run's own first step.
+    model, history = train_multi30k(run, data_dir=multi30k_dir, **{**settings, "epochs": 2})
+    assert len(history.history["loss"]) == 1
+    assert int(keras.ops.convert_to_numpy(model.optimizer.iterations)) == 100 + 2 * steps_per_epoch
+    assert _read_json(os.path.join(run, "run.json"))["initial_step"] == 100
+    with pytest.raises(ValueError, match="changed: initial_step; the run has initial_step=100"):
+        train_multi30k(run, data_dir=multi30k_dir, initial_step=5, **{**settings, "epochs": 3})
 
 
 def test_a_run_from_a_preset_refuses_what_it_cannot_do(tmp_path, multi30k_dir):
