@@ -38,6 +38,10 @@ def main():
     parser.add_argument("--limit", type=int, help="train on the first N pairs only (a quick look)")
     parser.add_argument("--output-dir", default=os.path.join(tempfile.gettempdir(), "multi30k-en-de"))
     args = parser.parse_args()
+    checkpoints = os.path.join(args.output_dir, "checkpoints")
+    if list_checkpoints(checkpoints):
+        # They would be averaged with this run's.
+        raise SystemExit(f"{checkpoints} holds another run's checkpoints: choose another --output-dir.")
     keras.utils.set_random_seed(0)  # before the tokenizer: see TransformerTokenizer
 
     sources, targets = multi30k.load("train", "en", "de", data_dir=args.data_dir)
@@ -60,7 +64,6 @@ def main():
     )
     model = TransformerSeq2SeqLM(backbone, TransformerSeq2SeqLMPreprocessor(tokenizer))
     model.compile(warmup_steps=800)
-    checkpoints = os.path.join(args.output_dir, "checkpoints")
     model.fit(
         train.dataset(),
         validation_data=val.dataset(),

@@ -154,7 +154,7 @@ def _attention(args):
 
     model = TransformerSeq2SeqLM.from_preset(args.preset)
     maps = attention_maps(model, args.text, args.target)
-    plot_attention(maps, args.output, kinds=args.kinds.split(","))
+    plot_attention(maps, args.output, kinds=[kind.strip() for kind in args.kinds.split(",") if kind.strip()])
     print(f"{maps['target']}\nWrote {args.output}")
 
 

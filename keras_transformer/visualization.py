@@ -86,13 +86,13 @@ def plot_attention(maps, path=None, kinds=KINDS, cell_size=0.18):
         The matplotlib `Figure`.
     """
     try:
-        import matplotlib
-
-        if path is not None:
-            matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
+        # A Figure of its own, not pyplot's: the caller's pyplot backend and
+        # figures are left alone, and no display is needed to save.
+        from matplotlib.figure import Figure
     except ImportError as error:
         raise ImportError("Plotting attention needs matplotlib: pip install matplotlib") from error
+    if not kinds:
+        raise ValueError(f"No attention kinds to draw; choose from {list(KINDS)}.")
     unknown = [kind for kind in kinds if kind not in KINDS]
     if unknown:
         raise ValueError(f"Unknown attention kinds {unknown}; choose from {list(KINDS)}.")
@@ -105,7 +105,8 @@ def plot_attention(maps, path=None, kinds=KINDS, cell_size=0.18):
     heads = max(w.shape[0] for _, _, w in panels)
     longest = max(len(maps["source_tokens"]), len(maps["target_tokens"]))
     side = max(2.0, cell_size * longest + 1.2)
-    figure, axes = plt.subplots(len(panels), heads, figsize=(side * heads, side * len(panels)), squeeze=False)
+    figure = Figure(figsize=(side * heads, side * len(panels)))
+    axes = figure.subplots(len(panels), heads, squeeze=False)
     for row, (kind, layer, weights) in enumerate(panels):
         queries, keys = labels[kind]
         for head in range(heads):
@@ -117,5 +118,4 @@ def plot_attention(maps, path=None, kinds=KINDS, cell_size=0.18):
     figure.tight_layout()
     if path is not None:
         figure.savefig(path, dpi=100)
-        plt.close(figure)
     return figure

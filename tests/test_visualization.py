@@ -42,11 +42,18 @@ def test_plot_attention_writes_a_picture(small_tokenizer, tmp_path):
     maps = attention_maps(model, "Ein Hund läuft.")  # greedy translation
     assert isinstance(maps["target"], str)
     path = tmp_path / "attention.png"
+    import matplotlib
+
+    backend = matplotlib.get_backend()
     figure = plot_attention(maps, str(path))
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # The caller's pyplot is left as it was.
+    assert matplotlib.get_backend() == backend
     layers = model.backbone.num_layers
     assert len(figure.axes) == 3 * layers * model.backbone.num_heads
     with pytest.raises(ValueError, match="Unknown attention kinds"):
         plot_attention(maps, kinds=["encoder"])
+    with pytest.raises(ValueError, match="No attention kinds"):
+        plot_attention(maps, kinds=[])
     with pytest.raises(ValueError, match="empty"):
         attention_maps(model, "  ")
