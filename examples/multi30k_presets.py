@@ -211,6 +211,9 @@ def package(args):
 
     source, target = PAIRS[args.pair]
     name = preset_name(args.pair)
+    if args.limit and os.path.realpath(args.output_root) == os.path.realpath(PACKAGE_PRESETS):
+        raise SystemExit("--limit scores a few sentences only (a smoke test): give another --output-root, "
+                         "so that the shipped preset keeps its scores.")
     with open(os.path.join(args.run_dir, "run.json")) as f:
         run = json.load(f)
     # Read before the preset is written: a second stage's first may be the
@@ -235,15 +238,19 @@ def package(args):
                 print(f"{name} {split} {kind}: BLEU {result['bleu']:.2f}, lowercased "
                       f"{result['bleu_lowercase']:.2f}, chrF {result['chrf']:.2f}")
         languages = {"en": "English", "de": "German", "fr": "French"}
+        architecture = model.backbone
+        pairs = f"{run['limit']:,}" if run.get("limit") else "29,000"
         metadata = {
             "description": (
-                f"Transformer (3+3 layers, d_model 256, 4 heads, d_ff 1024, shared 8,000-token BPE "
-                f"vocabulary) trained on Multi30k {languages[source]} to {languages[target]}; "
+                f"Transformer ({architecture.num_layers}+{architecture.num_layers} layers, d_model "
+                f"{architecture.d_model}, {architecture.num_heads} heads, d_ff {architecture.d_ff}, shared "
+                f"{architecture.vocabulary_size:,}-token BPE vocabulary) trained on Multi30k "
+                f"{languages[source]} to {languages[target]}; "
                 f"test_2016_flickr BLEU {scores['test_2016_flickr']['bleu']:.1f} "
                 f"(lowercased {scores['test_2016_flickr']['bleu_lowercase']:.1f}), beam 4."
             ),
             "languages": {"source": source, "target": target},
-            "data": f"Multi30k task 1 train split, {source}-{target}, 29,000 sentence pairs",
+            "data": f"Multi30k task 1 train split, {source}-{target}, {pairs} sentence pairs",
             "data_terms": DATA_TERMS,
             "training": training,
             "weights_dtype": "float16",
@@ -252,6 +259,8 @@ def package(args):
             "greedy_scores": greedy,
             "keras_version": keras.version(),
         }
+        if args.limit:
+            metadata["scored_sentences"] = args.limit  # a smoke test's scores, not the split's
         compact.save_to_preset(os.path.join(args.output_root, name), metadata=metadata)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
