@@ -90,6 +90,19 @@ class Strategy:
         )
 
 
+def tf_process_index(cluster, task_type, task_id):
+    """`(processes, index)` of a TensorFlow multi-worker task: the chief (if
+    `TF_CONFIG` names one) is process 0, then the workers in order.
+
+    >>> tf_process_index({"chief": ["a:1"], "worker": ["b:1", "c:1"]}, "worker", 1)
+    (3, 2)
+    """
+    tasks = [(kind, i) for kind in ("chief", "worker") for i in range(len(cluster.get(kind, [])))]
+    if (task_type, task_id) not in tasks:
+        return max(len(tasks), 1), 0
+    return len(tasks), tasks.index((task_type, task_id))
+
+
 def initialize_multi_host(coordinator_address=None, num_processes=None, process_id=None):
     """Joins this process to a multi-machine JAX job
     (`keras.distribution.initialize`); call it first on every machine.
@@ -149,8 +162,7 @@ def data_parallel(devices=None, multi_host=False):
         if multi_host:
             engine = tf.distribute.MultiWorkerMirroredStrategy()
             resolver = engine.cluster_resolver
-            workers = len(resolver.cluster_spec().as_dict().get("worker", [])) or 1
-            index = resolver.task_id or 0
+            workers, index = tf_process_index(resolver.cluster_spec().as_dict(), resolver.task_type, resolver.task_id)
         else:
             if count is not None:
                 available = tf.config.list_logical_devices("GPU") or tf.config.list_logical_devices("CPU")

@@ -85,3 +85,14 @@ def test_model_parallel_errors():
             distribution.model_parallel(3, devices=["cpu:0"] * 4)
         with pytest.raises(ValueError, match="num_heads=6 is not a multiple"):
             distribution.model_parallel(4, devices=["cpu:0"] * 4, config={"num_heads": 6})
+
+
+def test_tf_multi_worker_processes_count_the_chief():
+    from keras_transformer.distribution import tf_process_index
+
+    cluster = {"chief": ["a:1"], "worker": ["b:1", "c:1"]}
+    assert [tf_process_index(cluster, *task) for task in (("chief", 0), ("worker", 0), ("worker", 1))] == [
+        (3, 0), (3, 1), (3, 2)
+    ]
+    assert tf_process_index({"worker": ["b:1", "c:1"]}, "worker", 1) == (2, 1)
+    assert tf_process_index({}, None, None) == (1, 0)
