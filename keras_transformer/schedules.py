@@ -36,6 +36,8 @@ class TransformerSchedule(keras.optimizers.schedules.LearningRateSchedule):
                 f"d_model and warmup_steps must be positive, got d_model={d_model}, "
                 f"warmup_steps={warmup_steps}."
             )
+        if not scale > 0:
+            raise ValueError(f"scale must be positive (a factor on the learning rate), got {scale}.")
         self.d_model = int(d_model)
         self.warmup_steps = int(warmup_steps)
         self.scale = float(scale)

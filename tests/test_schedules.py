@@ -50,3 +50,6 @@ def test_paper_optimizer_is_adam_0_9_0_98_1e_9_on_the_schedule():
 def test_invalid_arguments():
     with pytest.raises(ValueError, match="positive"):
         TransformerSchedule(512, warmup_steps=0)
+    for scale in (0, -1.0, float("nan")):
+        with pytest.raises(ValueError, match="scale must be positive"):
+            TransformerSchedule(512, scale=scale)
