@@ -343,7 +343,7 @@ def _add_export(subparsers):
     p.add_argument("--alpha", type=_non_negative_float, default=0.6, help="length penalty, fixed in the export (default: 0.6)")
     p.add_argument("--max-length-offset", type=_positive_int, default=50,
                    help="at most source length + this many output tokens (default: 50)")
-    p.add_argument("--overwrite", action="store_true", help="replace a non-empty output directory")
+    p.add_argument("--overwrite", action="store_true", help="replace an earlier export in the output directory")
 
 
 def _export(args):

@@ -55,8 +55,10 @@ def export_saved_model(model, export_dir, beam_size=4, alpha=0.6, max_length_off
         beam_size: beams per source (1: greedy decoding).
         alpha: length penalty exponent.
         max_length_offset: at most source length + this many output tokens.
-        overwrite: replace an existing non-empty `export_dir`; without it
-            such a directory is an error and stays as it is.
+        overwrite: replace an earlier export (a SavedModel) in
+            `export_dir`. Without it a non-empty `export_dir` is an error
+            and stays as it is; so is one that holds no SavedModel, even
+            with it.
 
     Returns:
         `export_dir`.
@@ -79,11 +81,19 @@ def export_saved_model(model, export_dir, beam_size=4, alpha=0.6, max_length_off
     export_dir = os.path.abspath(os.fspath(export_dir))
     if os.path.isfile(export_dir):
         raise FileExistsError(f"{export_dir!r} is a file; give a directory for the SavedModel.")
-    if os.path.isdir(export_dir) and os.listdir(export_dir) and not overwrite:
-        raise FileExistsError(
-            f"{export_dir!r} is not empty. Choose another directory, or pass "
-            "overwrite=True (--overwrite) to replace what is there."
-        )
+    if os.path.isdir(export_dir) and os.listdir(export_dir):
+        if not overwrite:
+            raise FileExistsError(
+                f"{export_dir!r} is not empty. Choose another directory, or pass "
+                "overwrite=True (--overwrite) to replace the SavedModel there."
+            )
+        # Replacing only an earlier export keeps a mistyped path (a preset,
+        # a home directory) from being emptied.
+        if not os.path.isfile(os.path.join(export_dir, "saved_model.pb")):
+            raise FileExistsError(
+                f"{export_dir!r} is not empty and holds no SavedModel (saved_model.pb): overwrite "
+                "replaces an earlier export only. Choose another directory."
+            )
     parent = os.path.dirname(export_dir)
     os.makedirs(parent, exist_ok=True)
     staging = tempfile.mkdtemp(prefix=f".{os.path.basename(export_dir)}.exporting-", dir=parent)

@@ -101,6 +101,14 @@ def test_export_never_overwrites_or_leaves_half_an_export(exported, tmp_path):
     with pytest.raises(Exception, match="model.weights.h5"):
         export_saved_model(str(broken), tmp_path / "out")
     assert sorted(os.listdir(tmp_path)) == ["broken"]
+    # Even with overwrite, a directory that holds no SavedModel (a mistyped
+    # path) is never replaced.
+    notes = tmp_path / "notes"
+    notes.mkdir()
+    (notes / "keep.txt").write_text("mine")
+    with pytest.raises(FileExistsError, match="holds no SavedModel"):
+        export_saved_model(PRESET, notes, overwrite=True)
+    assert os.listdir(notes) == ["keep.txt"] and sorted(os.listdir(tmp_path)) == ["broken", "notes"]
 
     # Asked to, it replaces an export with a complete new one (greedy here).
     export_saved_model(PRESET, exported, beam_size=1, overwrite=True)
