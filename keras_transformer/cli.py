@@ -215,9 +215,12 @@ def _languages(model_path, args):
     from keras_transformer import presets
 
     source, target = args.source, args.target
-    if source is None or target is None:
-        languages = presets.read_metadata(presets.resolve(model_path)).get("languages", {})
-        source, target = source or languages.get("source"), target or languages.get("target")
+    languages = presets.read_metadata(presets.resolve(model_path)).get("languages", {})
+    known = (languages.get("source"), languages.get("target"))
+    if None not in known and (source or known[0], target or known[1]) != known:
+        print(f"warning: the model translates {known[0]}-{known[1]}; evaluating it on "
+              f"{source or known[0]}-{target or known[1]}", file=sys.stderr)
+    source, target = source or known[0], target or known[1]
     run_info = os.path.join(os.path.dirname(os.path.abspath(model_path)), "run.json")
     if (source is None or target is None) and os.path.exists(run_info):
         with open(run_info) as f:

@@ -195,6 +195,15 @@ def test_a_failed_save_leaves_the_preset_as_it_was(saved, monkeypatch, tmp_path)
         other.save_to_preset(os.path.join(directory, "NOTES.txt"))
 
 
+def test_cli_evaluate_warns_of_other_languages_than_the_models(saved, capsys, multi30k_dir):
+    _, directory = saved  # a de-en model
+    cli.main(["evaluate", directory, "--data-dir", multi30k_dir, "--split", "val", "--limit", "2", "--beam-size", "1"])
+    assert "warning" not in capsys.readouterr().err
+    cli.main(["evaluate", directory, "--data-dir", multi30k_dir, "--split", "val", "--limit", "2", "--beam-size", "1",
+              "--source", "en", "--target", "de"])
+    assert "warning: the model translates de-en; evaluating it on en-de" in capsys.readouterr().err
+
+
 def test_cli_translate_and_presets(saved, capsys, tmp_path):
     model, directory = saved
     expected = model.generate(SOURCES + [""], beam_size=2, alpha=0.6)
