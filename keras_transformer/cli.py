@@ -98,7 +98,7 @@ def _add_train(subparsers):
     p.add_argument("--pad-to-multiple-of", type=_positive_int, default=1,
                    help="round batch lengths up (fewer shapes for JAX to compile)")
     p.add_argument("--epochs", type=_positive_int, default=20)
-    p.add_argument("--steps", type=_positive_int, help="train this many steps instead of --epochs")
+    p.add_argument("--steps", type=_positive_int, help="train about this many steps instead of --epochs (rounded up to whole epochs of at most one pass)")
     p.add_argument("--warmup-steps", type=_positive_int, default=4000)
     p.add_argument("--learning-rate-scale", type=_positive_float, default=1.0)
     p.add_argument("--label-smoothing", type=_probability, default=0.1)
