@@ -141,10 +141,10 @@ def _architecture(backbone_config):
     return {key: value for key, value in (backbone_config or {}).items() if key not in PRESET_OVERRIDES}
 
 
-def _check_same_settings(output_dir, settings, backbone_config):
-    """Refuses to resume a run with settings that differ from those it
-    started with (run.json), before any work and before run.json changes."""
-    run = _read_run(output_dir)
+def _check_same_settings(output_dir, run, settings, backbone_config):
+    """Refuses to resume the run in `output_dir` (its run.json: `run`) with
+    settings that differ from those it started with, before any work and
+    before run.json changes."""
     if not run:
         return
     changed = [key for key in RUN_FIXED if key in run and key in settings and run[key] != settings[key]]
@@ -330,8 +330,13 @@ def train_multi30k(
             f"(only {', '.join(PRESET_OVERRIDES)} can). Train from scratch with `config` to change it."
         )
     _check_run_start(output_dir, initial_preset)
+    previous_run = _read_run(output_dir)
     if initial_step is None and not initial_preset:
-        initial_step = _read_run(output_dir).get("initial_step")
+        initial_step = previous_run.get("initial_step")
+    # The backbone of a run from scratch (a run from a preset has the preset's).
+    scratch_backbone = None if initial_preset else {
+        **CONFIGS[config], **config_overrides, "max_sequence_length": max_sequence_length
+    }
     settings = dict(
         source=source, target=target, config=None if initial_preset else config,
         tokenizer_algorithm=None if initial_preset else tokenizer_algorithm, max_tokens=max_tokens,
@@ -340,10 +345,7 @@ def train_multi30k(
     )
     if initial_step is not None:
         settings["initial_step"] = initial_step
-    _check_same_settings(
-        output_dir, settings,
-        None if initial_preset else {**CONFIGS[config], **config_overrides, "max_sequence_length": max_sequence_length},
-    )
+    _check_same_settings(output_dir, previous_run, settings, scratch_backbone)
     os.makedirs(output_dir, exist_ok=True)
     keras.utils.set_random_seed(seed)
     sources, targets = multi30k.load("train", source, target, data_dir)
@@ -384,7 +386,7 @@ def train_multi30k(
         val_sources, val_targets, tokenizer, max_tokens=max_tokens, max_length=max_sequence_length,
         pad_to_multiple_of=pad_to_multiple_of, shuffle=False, **batching,
     )
-    epochs, steps_per_epoch = _epoch_plan(len(train_batches), epochs, steps, _read_run(output_dir))
+    epochs, steps_per_epoch = _epoch_plan(len(train_batches), epochs, steps, previous_run)
     backup = os.path.join(output_dir, "backup" if chief else f"backup-process-{strategy.process_index}")
     _continue_from_checkpoint(backup, os.path.join(output_dir, "checkpoints"), steps_per_epoch, initial_step)
     # Where this call starts in the run's stream of batches and of dropout
@@ -397,10 +399,7 @@ def train_multi30k(
         if initial_preset:
             backbone = TransformerBackbone.from_preset(initial_preset, **config_overrides)
         else:
-            backbone = TransformerBackbone(
-                vocabulary_size=tokenizer.vocabulary_size(),
-                **{**CONFIGS[config], **config_overrides, "max_sequence_length": max_sequence_length},
-            )
+            backbone = TransformerBackbone(vocabulary_size=tokenizer.vocabulary_size(), **scratch_backbone)
         preprocessor = TransformerSeq2SeqLMPreprocessor(
             tokenizer, encoder_sequence_length=max_sequence_length, decoder_sequence_length=max_sequence_length
         )
@@ -415,7 +414,7 @@ def train_multi30k(
         skip = ("name", "trainable", "dtype", "vocabulary_size")
         backbone_config = {key: value for key, value in backbone.get_config().items() if key not in skip}
     else:
-        backbone_config = {**CONFIGS[config], **config_overrides, "max_sequence_length": max_sequence_length}
+        backbone_config = scratch_backbone
 
     run_info = {
         "data": f"Multi30k task 1 train, {source}-{target}",
