@@ -207,7 +207,12 @@ def _train(args):
         **overrides,
     )
     if strategy is None or strategy.process_index == 0:
-        print(f"Saved the averaged model to {os.path.join(args.output_dir, 'model')}")
+        from keras_transformer import presets
+
+        model_dir = os.path.join(args.output_dir, "model")
+        averaged = presets.read_metadata(model_dir).get("training", {}).get("averaged_checkpoints", 0)
+        what = f"the average of the last {averaged} checkpoints" if averaged > 1 else "the model"
+        print(f"Saved {what} to {model_dir}")
 
 
 def _languages(model_path, args):

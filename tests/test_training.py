@@ -352,3 +352,24 @@ def test_cli_rejects_unknown_config(tmp_path, multi30k_dir, capsys):
     with pytest.raises(SystemExit):
         cli.main(["train", "--output-dir", str(tmp_path), "--bleu-sentences", "-1"])
     assert "--bleu-sentences: must be 0 or more" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("averaged,said", [(5, "Saved the average of the last 5 checkpoints to"), (1, "Saved the model to")])
+def test_cli_train_passes_overrides_and_says_what_it_saved(tmp_path, monkeypatch, capsys, averaged, said):
+    import keras_transformer.training
+
+    calls = []
+
+    def fake_train(output_dir, **kwargs):
+        calls.append(kwargs)
+        os.makedirs(os.path.join(output_dir, "model"))
+        with open(os.path.join(output_dir, "model", "metadata.json"), "w") as f:
+            json.dump({"training": {"averaged_checkpoints": averaged}}, f)
+        return None, None
+
+    monkeypatch.setattr(keras_transformer.training, "train_multi30k", fake_train)
+    cli.main(["train", "--output-dir", str(tmp_path / "run"), "--config", "small", "--dropout", "0.3",
+              "--d-model", "128"])
+    assert calls[0]["config"] == "small" and calls[0]["dropout"] == 0.3 and calls[0]["d_model"] == 128
+    assert "num_layers" not in calls[0]  # not given: the config's own
+    assert f"{said} {os.path.join(str(tmp_path / 'run'), 'model')}" in capsys.readouterr().out
