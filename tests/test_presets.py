@@ -104,6 +104,9 @@ def test_a_preset_assembled_part_by_part(saved, tmp_path):
     assert not os.path.exists(os.path.join(directory, "model.weights.h5"))
     for mine, theirs in zip(TransformerBackbone.from_preset(directory).get_weights(), other.get_weights()):
         np.testing.assert_array_equal(mine, theirs)
+    with open(os.path.join(directory, "metadata.json")) as f:
+        recorded = json.load(f)["weights_sha256"]
+    assert sorted(recorded) == sorted(os.path.basename(p) for p in glob.glob(os.path.join(directory, "model_*.weights.h5")))
     model.backbone.save_to_preset(directory)
     assert sorted(os.listdir(directory)) == sorted(
         ["assets", "config.json", "metadata.json", "model.weights.h5", "preprocessor.json", "tokenizer.json"]
@@ -132,6 +135,7 @@ def test_unknown_preset_lists_the_shipped_ones():
         ("corrupt task.json", TransformerSeq2SeqLM, "task.json"),
         ("corrupt tokenizer.json", TransformerTokenizer, "tokenizer.json"),
         ("truncate model.weights.h5", TransformerBackbone, "model.weights.h5"),
+        ("flip model.weights.h5", TransformerSeq2SeqLM, "model.weights.h5' is corrupt: its SHA-256"),
         ("corrupt assets/tokenizer/vocabulary.spm", TransformerTokenizer, "vocabulary.spm"),
     ],
 )
@@ -144,11 +148,27 @@ def test_a_damaged_preset_names_the_file(saved, damage, cls, named):
     elif action == "truncate":
         with open(path, "r+b") as f:
             f.truncate(os.path.getsize(path) // 2)
+    elif action == "flip":  # bytes inside a tensor: still a readable HDF5 file
+        _flip_bytes_in_a_tensor(path)
     else:
         with open(path, "wb") as f:
             f.write(b"\x00{ not json or a model" * 10)
     with pytest.raises(PresetError, match=named.replace(".", r"\.")):
         cls.from_preset(directory)
+
+
+def _flip_bytes_in_a_tensor(path):
+    import h5py
+
+    offsets = []
+    with h5py.File(path, "r") as f:
+        f.visititems(lambda name, item: offsets.append(item.id.get_offset())
+                     if isinstance(item, h5py.Dataset) and item.size > 16 else None)
+    with open(path, "r+b") as f:
+        f.seek(offsets[0] + 4)
+        data = f.read(8)
+        f.seek(offsets[0] + 4)
+        f.write(bytes(b ^ 0xFF for b in data))
 
 
 def test_a_failed_save_leaves_the_preset_as_it_was(saved, monkeypatch, tmp_path):

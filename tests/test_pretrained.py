@@ -2,6 +2,8 @@
 translate fixed sentences to the same output on every backend, and score on
 Multi30k test sentences as their metadata says."""
 
+import hashlib
+import os
 import socket
 
 import pytest
@@ -55,6 +57,9 @@ def test_the_multi30k_presets_ship_with_their_record():
         assert info["decoding"] == {"beam_size": 4, "alpha": 0.6, "max_length_offset": 50}
         assert info["training"]["command"].startswith("keras-transformer train")
         assert "non-commercial" in info["data_terms"]
+        # Loading checks the weights against the recorded SHA-256.
+        with open(os.path.join(info["path"], "model.weights.h5"), "rb") as f:
+            assert info["weights_sha256"] == {"model.weights.h5": hashlib.sha256(f.read()).hexdigest()}
     assert total < 40 * 2**20
 
 

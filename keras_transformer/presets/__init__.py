@@ -22,6 +22,7 @@ so that a save that fails halfway leaves the directory as it was.
 import contextlib
 import fnmatch
 import glob
+import hashlib
 import json
 import os
 import shutil
@@ -43,6 +44,8 @@ TASK_WEIGHTS_FILE = "task.weights.h5"
 PREPROCESSOR_FILE = "preprocessor.json"
 TOKENIZER_FILE = "tokenizer.json"
 ASSETS_DIR = "assets"
+# metadata.json records the SHA-256 of each weights file a save writes.
+CHECKSUMS_KEY = "weights_sha256"
 # Everything a save writes: what an earlier save left and a new one does not
 # write again is removed, so that a directory never mixes two presets.
 PRESET_ENTRIES = (
@@ -227,7 +230,7 @@ def _check_directory(directory, needs, load_weights):
     if TOKENIZER_FILE in configs:
         _check_tokenizer_assets(directory, configs[TOKENIZER_FILE])
     if load_weights and "config" in needs:
-        _check_weights(directory)
+        _check_weights(directory, configs.get(METADATA_FILE, {}).get(CHECKSUMS_KEY, {}))
 
 
 def _read_json(path):
@@ -244,7 +247,10 @@ def _read_json(path):
     return config
 
 
-def _check_weights(directory):
+def _check_weights(directory, checksums):
+    """Each weights file exists, is readable HDF5 and, where the metadata
+    records its SHA-256 (every save of this package does), matches it: HDF5
+    would read a file with damaged bytes inside a tensor without error."""
     import h5py
 
     index = os.path.join(directory, SHARDED_WEIGHTS_INDEX)
@@ -268,6 +274,30 @@ def _check_weights(directory):
                 f"The weights file {weights!r} is corrupt or truncated ({error}). "
                 "Copy the preset again or save the model again."
             ) from error
+    for name, expected in (checksums if isinstance(checksums, dict) else {}).items():
+        weights = os.path.join(directory, name)
+        if os.path.isfile(weights) and _sha256(weights) != expected:
+            raise PresetError(
+                f"The weights file {weights!r} is corrupt: its SHA-256 is not the "
+                f"one recorded in {METADATA_FILE} when it was saved. Copy the preset "
+                "again or save the model again. (Weights replaced by hand on "
+                f"purpose: delete {CHECKSUMS_KEY!r} from {METADATA_FILE}.)"
+            )
+
+
+def _sha256(path):
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _weights_files(directory):
+    return sorted(
+        name for name in os.listdir(directory)
+        if name == WEIGHTS_FILE or name == TASK_WEIGHTS_FILE or fnmatch.fnmatchcase(name, SHARDED_WEIGHTS_FILES)
+    )
 
 
 def _flatten(values):
@@ -345,6 +375,10 @@ def saving(preset_dir, metadata=None, replaces=PRESET_ENTRIES):
     _saving.active = True
     try:
         yield staging
+        weights = _weights_files(staging)
+        if weights:  # written with the metadata.json they are recorded in
+            checksums = {CHECKSUMS_KEY: {name: _sha256(os.path.join(staging, name)) for name in weights}}
+            metadata = {**(metadata or {}), **checksums}
         if metadata:
             _merge_metadata(staging, metadata, preset_dir)
         _move_into_place(staging, preset_dir, replaces)
