@@ -23,32 +23,25 @@ DEFAULT_PRESET = "transformer_multi30k_en_de"
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 
-def _positive_int(text):
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be 1 or more, got {value}")
-    return value
+def _bounded(convert, accepts, says):
+    """An argparse `type`: `convert` the text, refuse values `accepts` does
+    not take with "must be <says>" (NaN is refused by every bound)."""
+
+    def parse(text):
+        value = convert(text)
+        if not accepts(value):
+            raise argparse.ArgumentTypeError(f"must be {says}, got {text}")
+        return value
+
+    parse.__name__ = convert.__name__  # argparse's "invalid int value: 'x'"
+    return parse
 
 
-def _non_negative_float(text):
-    value = float(text)
-    if not value >= 0:
-        raise argparse.ArgumentTypeError(f"must be 0 or more, got {text}")
-    return value
-
-
-def _positive_float(text):
-    value = float(text)
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"must be more than 0, got {text}")
-    return value
-
-
-def _non_negative_int(text):
-    value = int(text)
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be 0 or more, got {value}")
-    return value
+_positive_int = _bounded(int, lambda value: value >= 1, "1 or more")
+_non_negative_int = _bounded(int, lambda value: value >= 0, "0 or more")
+_positive_float = _bounded(float, lambda value: value > 0, "more than 0")
+_non_negative_float = _bounded(float, lambda value: value >= 0, "0 or more")
+_probability = _bounded(float, lambda value: 0 <= value < 1, "in [0, 1)")
 
 
 def _lines(text):
@@ -71,13 +64,6 @@ def _check_output_path(path):
         raise FileNotFoundError(f"Cannot write {path!r}: the directory {directory!r} does not exist.")
     if os.path.isdir(path):
         raise IsADirectoryError(f"Cannot write {path!r}: it is a directory.")
-
-
-def _probability(text):
-    value = float(text)
-    if not 0 <= value < 1:
-        raise argparse.ArgumentTypeError(f"must be in [0, 1), got {text}")
-    return value
 
 
 def _add_train(subparsers):

@@ -254,10 +254,16 @@ def test_cli_translate_and_presets(saved, capsys, tmp_path):
     # Bad input ends with the message, not a traceback.
     with pytest.raises(SystemExit, match="error: A source of .* tokens is longer than .*max_sequence_length=48"):
         cli.main(["translate", "--preset", directory, "Wort " * 60])
-    for option in (["--beam-size", "0"], ["--batch-size", "0"], ["--alpha", "-1"]):
+    for option, says in (
+        (["--beam-size", "0"], "--beam-size: must be 1 or more, got 0"),
+        (["--batch-size", "-3"], "--batch-size: must be 1 or more, got -3"),
+        (["--alpha", "-1"], "--alpha: must be 0 or more, got -1"),
+        (["--alpha", "nan"], "--alpha: must be 0 or more, got nan"),
+        (["--beam-size", "four"], "--beam-size: invalid int value: 'four'"),
+    ):
         with pytest.raises(SystemExit):
             cli.main(["translate", "--preset", directory, *option, "Hallo."])
-        assert "must be" in capsys.readouterr().err
+        assert says in capsys.readouterr().err
 
     cli.main(["presets", "--json"])
     listed = json.loads(capsys.readouterr().out)
