@@ -267,8 +267,10 @@ def torch_ddp_train_step(model, data):
     forward pass through `DistributedDataParallel`, whose backward hooks
     average the gradients across processes before the optimizer applies
     them. The wrapper, made on the first step, broadcasts rank 0's weights.
+    The loss it logs is averaged across processes too.
     """
     import torch
+    import torch.distributed
 
     ddp = _torch_ddp_modules.get(model)
     if ddp is None:
@@ -278,7 +280,13 @@ def torch_ddp_train_step(model, data):
     y_pred = ddp(x, training=True)
     model.zero_grad()
     loss = model._compute_loss(x=x, y=y, y_pred=y_pred, sample_weight=sample_weight, training=True)
-    model._loss_tracker.update_state(loss, sample_weight=next(iter(keras.tree.flatten(x))).shape[0])
+    # The logged loss is the step's over all processes (the mean of theirs,
+    # as the gradients are), not this process's part alone: every process,
+    # the chief's progress bar, history and checkpoints see the same value.
+    batch_size = next(iter(keras.tree.flatten(x))).shape[0]
+    totals = torch.stack([loss.detach().float(), torch.tensor(float(batch_size), device=loss.device)])
+    torch.distributed.all_reduce(totals)
+    model._loss_tracker.update_state(totals[0] / torch.distributed.get_world_size(), sample_weight=totals[1].item())
     loss = model.optimizer.scale_loss(loss)
     loss.backward()
     weights = model.trainable_weights[:]

@@ -45,8 +45,11 @@ def distributed_run(tmp_path_factory):
     else:
         launcher = [sys.executable, WORKER]
     _run(launcher + ["parallel"], out)
-    with open(os.path.join(out, "report.json")) as f:
-        return out, json.load(f)
+    reports = []
+    for index in range(2 if keras.config.backend() == "torch" else 1):
+        with open(os.path.join(out, f"report-{index}.json")) as f:
+            reports.append(json.load(f))
+    return out, {**reports[0], "processes": reports}  # the chief's, and each process's
 
 
 def test_data_parallel_step_equals_single_device_step(distributed_run):
@@ -57,6 +60,17 @@ def test_data_parallel_step_equals_single_device_step(distributed_run):
     assert moved > 100 * TOLERANCE  # the step did change the weights
     difference = max(np.abs(single[k] - parallel[k]).max() for k in single.files)
     assert difference < TOLERANCE, f"largest weight difference {difference:.2e}"
+
+
+def test_data_parallel_logs_the_loss_of_the_whole_batch(distributed_run):
+    out, report = distributed_run
+    with open(os.path.join(out, "single.json")) as f:
+        single = json.load(f)["loss"]
+    # The step's loss on the global batch (equal token counts on every
+    # device), in every process: not one device's part alone.
+    for process in report["processes"]:
+        assert process["step_loss"] == pytest.approx(single, abs=1e-5)
+        np.testing.assert_allclose(process["loss"], report["loss"], atol=1e-5)
 
 
 def test_data_parallel_fit_lowers_the_loss(distributed_run):
