@@ -87,6 +87,30 @@ def test_fit_takes_string_pairs_and_shuffles_them_each_epoch(small_tokenizer, mu
     assert given[-1] is pairs
 
 
+def test_fit_splits_off_validation_pairs_as_keras_does(small_tokenizer, multi30k_train, monkeypatch):
+    sources, targets = multi30k_train
+    model = tiny_model(small_tokenizer)
+    pairs = {"encoder_text": sources[:40], "decoder_text": targets[:40]}
+    history = model.fit(pairs, batch_size=16, epochs=1, validation_split=0.25, verbose=0)
+    assert np.isfinite(history.history["val_loss"][0])
+
+    # The last quarter, in order, validates; the rest trains, shuffled.
+    given = []
+    monkeypatch.setattr(keras_hub.models.Seq2SeqLM, "fit",
+                        lambda self, x, *args, **kwargs: given.append((x, kwargs["validation_data"])))
+    model.fit(pairs, batch_size=16, epochs=2, validation_split=0.25)
+    train, validation = given[-1]
+    texts = [s.decode() for batch in train for s in batch["encoder_text"].numpy()]
+    assert sorted(texts) == sorted(pairs["encoder_text"][:30]) and texts != pairs["encoder_text"][:30]
+    assert [s.decode() for batch in validation for s in batch["encoder_text"].numpy()] == pairs["encoder_text"][30:]
+    model.fit(pairs, batch_size=16, validation_split=0.25, shuffle=False)
+    train, _ = given[-1]
+    assert [s.decode() for batch in train for s in batch["encoder_text"].numpy()] == pairs["encoder_text"][:30]
+    for split in (1.0, 0.99):  # out of range; no training pair left
+        with pytest.raises(ValueError, match="validation_split"):
+            model.fit(pairs, validation_split=split)
+
+
 def _unigram_cross_entropy(train_batches, val_batches, vocabulary_size):
     """Cross-entropy of the best context-free model: target token
     frequencies of the training data (add-one smoothed)."""

@@ -110,17 +110,24 @@ class TransformerSeq2SeqLM(PresetIO, keras_hub.models.Seq2SeqLM):
         keras-hub batches strings and arrays in the order given, the same
         every epoch, and ignores `shuffle` (Keras warns that it does). Here
         such data (a dict, list, tuple or array) is shuffled anew each epoch,
-        as `keras.Model.fit` does, unless `shuffle=False` or with
-        `validation_split`. Datasets are read as they are: they shuffle
-        themselves, like `token_budget_batches(...).dataset()`.
+        as `keras.Model.fit` does, unless `shuffle=False`. `validation_split`
+        works on sentence pairs too (keras-hub takes only arrays): the last
+        pairs, before shuffling, are the validation data, as in Keras.
+        Datasets are read as they are: they shuffle themselves, like
+        `token_budget_batches(...).dataset()`.
         """
         in_memory = isinstance(x, (dict, list, tuple, np.ndarray))
-        if shuffle and in_memory and not kwargs.get("validation_split"):
+        validation_split = kwargs.pop("validation_split", 0.0) if in_memory else 0.0
+        if in_memory and (shuffle or validation_split):
             import tensorflow as tf
 
             samples = tf.data.Dataset.from_tensor_slices(keras.utils.pack_x_y_sample_weight(x, y, sample_weight))
-            x = samples.shuffle(int(samples.cardinality()), reshuffle_each_iteration=True).batch(batch_size or 32)
-            y = sample_weight = batch_size = None
+            batch_size = batch_size or 32
+            if validation_split and kwargs.get("validation_data") is None:
+                samples, kwargs["validation_data"] = _split_off_validation(samples, validation_split, batch_size)
+            if shuffle:
+                samples = samples.shuffle(int(samples.cardinality()), reshuffle_each_iteration=True)
+            x, y, sample_weight, batch_size = samples.batch(batch_size), None, None, None
         return super().fit(x, y, batch_size=batch_size, sample_weight=sample_weight, shuffle=False, **kwargs)
 
     def train_step(self, *args, **kwargs):
@@ -509,3 +516,18 @@ def _as_texts(inputs):
                 f"`encoder_padding_mask`); item {i} is of type {type(text).__name__}: {text!r:.60}."
             )
     return texts, single
+
+
+def _split_off_validation(samples, validation_split, batch_size):
+    """The first pairs for training and the last `validation_split` of
+    them, batched, for validation (Keras's `validation_split`)."""
+    if not 0 < validation_split < 1:
+        raise ValueError(f"validation_split must be between 0 and 1, got {validation_split}.")
+    count = int(samples.cardinality())
+    split_at = int(np.floor(count * (1 - validation_split)))
+    if split_at in (0, count):
+        raise ValueError(
+            f"{count} training pairs are too few to split off validation_split={validation_split} of "
+            "them for validation and keep some for training. Give more pairs or another validation_split."
+        )
+    return samples.take(split_at), samples.skip(split_at).batch(batch_size)
