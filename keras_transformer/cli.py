@@ -158,6 +158,9 @@ def _train(args):
         }.items()
         if value is not None
     }
+    if args.devices and args.multi_host:  # before joining a job, which waits for the others
+        raise SystemExit("error: --devices and --multi-host together: a job on several machines trains on "
+                         "every device of every process; leave --devices out (CUDA_VISIBLE_DEVICES limits a machine's)")
     strategy = None
     if args.devices or args.multi_host:
         import keras

@@ -135,7 +135,7 @@ def data_parallel(devices=None, multi_host=False):
         multi_host: TensorFlow: `MultiWorkerMirroredStrategy` from
             `TF_CONFIG` instead of `MirroredStrategy`; JAX: the global
             devices of a job joined by `initialize_multi_host`. PyTorch
-            reads `torchrun`'s environment either way.
+            reads `torchrun`'s environment either way. Not with `devices`.
 
     Returns:
         A `Strategy`.
@@ -144,6 +144,11 @@ def data_parallel(devices=None, multi_host=False):
     count = devices if isinstance(devices, int) else None
     if count is not None and count < 1:
         raise ValueError(f"devices must be at least 1, got {count}.")
+    if devices is not None and multi_host:
+        raise ValueError(
+            "devices and multi_host together: a job on several machines trains on every device of "
+            "every process. Leave devices out, and limit a machine's devices with CUDA_VISIBLE_DEVICES."
+        )
     if backend == "jax":
         import jax
 

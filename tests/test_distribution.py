@@ -101,6 +101,19 @@ def test_model_parallel_errors():
             distribution.model_parallel(4, devices=["cpu:0"] * 4, config={"num_heads": 6})
 
 
+def test_devices_and_multi_host_together_are_refused():
+    from keras_transformer import distribution
+
+    # Several machines train on all their devices: a count would be
+    # ignored (TensorFlow) or miscounted per process (JAX).
+    with pytest.raises(ValueError, match="devices and multi_host together.*CUDA_VISIBLE_DEVICES"):
+        distribution.data_parallel(devices=2, multi_host=True)
+    from keras_transformer import cli
+
+    with pytest.raises(SystemExit, match="--devices and --multi-host together"):
+        cli.main(["train", "--output-dir", "unused", "--devices", "2", "--multi-host"])
+
+
 def test_tf_multi_worker_processes_count_the_chief():
     from keras_transformer.distribution import tf_process_index
 
