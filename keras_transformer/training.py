@@ -159,11 +159,11 @@ def _check_same_settings(output_dir, run, settings, backbone_config):
         )
 
 
-def _check_run_start(output_dir, initial_preset):
-    """Refuses to resume a run with another start than it had: a run from a
-    preset must be resumed from that preset, a run from scratch from
-    scratch (their vocabularies and steps differ)."""
-    run = _read_run(output_dir)
+def _check_run_start(output_dir, run, initial_preset):
+    """Refuses to resume the run in `output_dir` (its run.json: `run`) with
+    another start than it had: a run from a preset must be resumed from that
+    preset, a run from scratch from scratch (their vocabularies and steps
+    differ)."""
     if not run:
         return
     started_from = run.get("initial_preset")
@@ -192,9 +192,10 @@ def _preset_steps(preset, training):
     return None
 
 
-def _initial_preset(preset, output_dir, source, target, save=True):
+def _initial_preset(preset, output_dir, run, source, target, save=True):
     """The tokenizer, training step and training record of a preset that a
-    run starts from.
+    run starts from (`run`: the run.json of the run in `output_dir`, empty
+    for a new run).
 
     The run keeps the preset's vocabulary (its embeddings are indexed by
     it), saved as the run's own tokenizer so that a resumed run reads the
@@ -207,13 +208,10 @@ def _initial_preset(preset, output_dir, source, target, save=True):
     from keras_transformer.presets import preset_metadata
 
     path = os.path.join(output_dir, TOKENIZER_FILE)
-    run_file = os.path.join(output_dir, "run.json")
-    if os.path.exists(path) and os.path.exists(run_file):
+    if os.path.exists(path) and run:
         # A run that started before: its own vocabulary, first step and
         # record, even if the preset has changed since (a newer version of a
         # shipped one).
-        with open(run_file) as f:
-            run = json.load(f)
         return TransformerTokenizer(proto=path), int(run.get("initial_step") or 0), run.get("initial_training")
     tokenizer = TransformerTokenizer.from_preset(preset)
     if save:
@@ -329,8 +327,8 @@ def train_multi30k(
             f"A run from a preset keeps the preset's architecture: {', '.join(fixed)} cannot change "
             f"(only {', '.join(PRESET_OVERRIDES)} can). Train from scratch with `config` to change it."
         )
-    _check_run_start(output_dir, initial_preset)
     previous_run = _read_run(output_dir)
+    _check_run_start(output_dir, previous_run, initial_preset)
     if initial_step is None and not initial_preset:
         initial_step = previous_run.get("initial_step")
     # The backbone of a run from scratch (a run from a preset has the preset's).
@@ -363,7 +361,7 @@ def train_multi30k(
     initial_training = None
     if initial_preset:
         tokenizer, preset_step, initial_training = _initial_preset(
-            initial_preset, output_dir, source, target, save=chief
+            initial_preset, output_dir, previous_run, source, target, save=chief
         )
         if initial_step is None and preset_step is None:
             warnings.warn(
