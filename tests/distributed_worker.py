@@ -1,7 +1,7 @@
 """A training process for tests/test_distribution.py.
 
+    python tests/distributed_worker.py both OUT_DIR         (JAX, TensorFlow)
     python tests/distributed_worker.py single OUT_DIR
-    python tests/distributed_worker.py parallel OUT_DIR     (JAX, TensorFlow)
     torchrun --nproc_per_node 2 tests/distributed_worker.py parallel OUT_DIR
 
 `single` builds a tiny model, saves its initial weights, takes one SGD step
@@ -11,7 +11,8 @@ on a fixed global batch of 8 pairs on one device and saves the weights.
 devices; TensorFlow: 2 logical CPUs; PyTorch: this process's half of the
 batch, gloo), saves the weights, then runs `fit` on token-budget batches and
 saves the losses it logged (a report for each process); on JAX it also
-checks model parallelism.
+checks model parallelism. `both` runs `single`, then `parallel`, in one
+process.
 """
 
 import json
@@ -84,7 +85,7 @@ def copy_task_batches(strategy):
 
 def main():
     inputs, labels = global_batch()
-    if MODE == "single":
+    if MODE in ("single", "both"):  # on one device (the first of several)
         model = build()
         model(inputs)
         save(model, "initial.npz")
@@ -92,7 +93,8 @@ def main():
         save(model, "single.npz")
         with open(os.path.join(OUT, "single.json"), "w") as f:
             json.dump({"loss": float(loss)}, f)
-        return
+        if MODE == "single":
+            return
 
     strategy = distribution.data_parallel()
     with strategy.scope():

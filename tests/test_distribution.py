@@ -38,13 +38,12 @@ def _run(command, out_dir):
 @pytest.fixture(scope="module")
 def distributed_run(tmp_path_factory):
     out = str(tmp_path_factory.mktemp("distributed"))
-    _run([sys.executable, WORKER, "single"], out)
-    if keras.config.backend() == "torch":
-        launcher = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
-                    "--master_port", str(_free_port()), WORKER]
-    else:
-        launcher = [sys.executable, WORKER]
-    _run(launcher + ["parallel"], out)
+    if keras.config.backend() == "torch":  # one process, then two
+        _run([sys.executable, WORKER, "single"], out)
+        _run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
+              "--master_port", str(_free_port()), WORKER, "parallel"], out)
+    else:  # one process with several devices does both
+        _run([sys.executable, WORKER, "both"], out)
     reports = []
     for index in range(2 if keras.config.backend() == "torch" else 1):
         with open(os.path.join(out, f"report-{index}.json")) as f:
