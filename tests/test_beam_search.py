@@ -164,27 +164,26 @@ def test_sources_up_to_the_limit_of_learned_positions():
         beam_search(model, [[START, *[4] * 11, END]])
 
 
-def test_keras_hub_greedy_sampler_runs_through_generate_step():
+@pytest.mark.parametrize("offset", [0, 2, 6])
+def test_keras_hub_samplers_run_through_generate_step(offset):
     import keras_hub
 
     model = tiny_model(seed=5, max_sequence_length=40)
     sources = [[START, 4, 5, END], [START, 5, 4, 4, 5, 1, END], [START, 1, END]]
-    offset = 6
     ours = greedy_search(model, sources, max_length_offset=offset)
+    assert any(len(mine) == len(source) + offset for source, mine in zip(sources, ours))  # a cut one
     padded = np.zeros((len(sources), 8), "int32")
     for row, ids in enumerate(sources):
         padded[row, : len(ids)] = ids
-    theirs = model.generate(
-        {"encoder_token_ids": padded, "encoder_padding_mask": padded != PAD},
-        sampler=keras_hub.samplers.GreedySampler(),
-        max_length_offset=offset,
-    )
-    for source, mine, hub in zip(sources, ours, theirs):
-        assert END not in hub and START not in hub
-        if len(mine) < len(source) + offset:  # ended with </s>: the same output
-            assert hub == mine
-        else:  # cut at our limit; keras-hub's limit is the batch's
-            assert hub[: len(mine)] == mine
+    inputs = {"encoder_token_ids": padded, "encoder_padding_mask": padded != PAD}
+    # keras-hub's greedy sampler, and its contrastive one without the
+    # degeneration penalty (alpha 0: the likeliest of the top k), find
+    # greedy decoding's outputs under the same length limit per source.
+    for sampler in (keras_hub.samplers.GreedySampler(), keras_hub.samplers.ContrastiveSampler(k=3, alpha=0.0)):
+        theirs = model.generate(inputs, sampler=sampler, max_length_offset=offset)
+        assert theirs == ours, type(sampler).__name__
+    with pytest.raises(ValueError, match="max_length_offset=-3 leaves no output token"):
+        model.generate(inputs, sampler=keras_hub.samplers.GreedySampler(), max_length_offset=-3)
 
 
 def test_keras_hub_samplers_refuse_scores():

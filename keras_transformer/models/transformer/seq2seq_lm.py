@@ -194,6 +194,12 @@ class TransformerSeq2SeqLM(PresetIO, keras_hub.models.Seq2SeqLM):
             position after the last token, and the cache with the tokens'
             positions written.
         """
+        hidden_states, cache = self._decoder_states_with_cache(token_ids, index, cache, encoder_padding_mask)
+        return self.backbone.token_embedding(hidden_states[:, -1, :], reverse=True), cache
+
+    def _decoder_states_with_cache(self, token_ids, index, cache, encoder_padding_mask):
+        """`call_decoder_with_cache`'s decoder output `(batch, n, d_model)`
+        for the `n` tokens given, before the output projection."""
         backbone = self.backbone
         x = backbone.embed(
             token_ids, backbone.decoder_position, backbone.decoder_embeddings_dropout, start_index=index
@@ -210,8 +216,7 @@ class TransformerSeq2SeqLM(PresetIO, keras_hub.models.Seq2SeqLM):
             new_cache.append((self_cache, cross_cache))
         if backbone.decoder_norm is not None:
             x = backbone.decoder_norm(x)
-        logits = backbone.token_embedding(x[:, -1, :], reverse=True)
-        return logits, new_cache
+        return x, new_cache
 
     def never_output_bias(self):
         """`(vocabulary_size,)` float32: `-inf` for the tokens that decoding
@@ -286,7 +291,9 @@ class TransformerSeq2SeqLM(PresetIO, keras_hub.models.Seq2SeqLM):
         prompt, prompt_mask = inputs["decoder_token_ids"], inputs["decoder_padding_mask"]
         batch_size, max_length = ops.shape(prompt)[0], ops.shape(prompt)[1]
         cache = self.initial_cache(self.encode(encoder_ids, encoder_mask), max_length)
-        _, cache = self.call_decoder_with_cache(prompt, 0, cache, encoder_mask)
+        # The decoder output at every prompt position: ContrastiveSampler
+        # compares each new token's with them.
+        hidden_states, cache = self._decoder_states_with_cache(prompt, 0, cache, encoder_mask)
         self_caches = [self_cache for self_cache, _ in cache]
         cross_caches = [cross_cache for _, cross_cache in cache]
         # As in `beam_search`, padding and start tokens are never outputs
@@ -304,11 +311,12 @@ class TransformerSeq2SeqLM(PresetIO, keras_hub.models.Seq2SeqLM):
                 for self_cache, (keys, values) in zip(self_caches, cross_caches)
             ]
             token_ids = ops.slice(prompt, [0, index - 1], [rows, 1])
-            logits, cache = self.call_decoder_with_cache(
+            states, cache = self._decoder_states_with_cache(
                 token_ids, index - 1, cache, repeat_rows(encoder_mask, rows)
             )
+            logits = self.backbone.token_embedding(states[:, -1, :], reverse=True)
             logits = ops.cast(logits, "float32") + never
-            return logits, None, [self_cache for self_cache, _ in cache]
+            return logits, states[:, -1, :], [self_cache for self_cache, _ in cache]
 
         prompt_mask = ops.cast(prompt_mask, "bool")
         generated = self.sampler(
@@ -318,6 +326,7 @@ class TransformerSeq2SeqLM(PresetIO, keras_hub.models.Seq2SeqLM):
             index=ops.min(ops.sum(ops.cast(prompt_mask, "int32"), axis=-1)),
             mask=prompt_mask,
             stop_token_ids=stop_token_ids,
+            hidden_states=hidden_states,
             model=self,
         )
         if stop_token_ids is None:
@@ -342,10 +351,20 @@ class TransformerSeq2SeqLM(PresetIO, keras_hub.models.Seq2SeqLM):
         limit = self.backbone.max_sequence_length
         outputs = [[] for _ in sources]
         rows = [i for i, ids in enumerate(sources) if ids]
+        # Output tokens allowed for each source, as in `beam_search`.
+        budgets = {i: min(len(sources[i]) + max_length_offset, limit - 1) for i in rows}
+        if rows and min(budgets.values()) < 1:
+            raise ValueError(
+                f"max_length_offset={max_length_offset} leaves no output token for a source of "
+                f"{min(len(sources[i]) for i in rows)} tokens: outputs may have the source's length plus "
+                "max_length_offset tokens."
+            )
         for start in range(0, len(rows), batch_size):
             batch = rows[start : start + batch_size]
             encoder_ids, encoder_mask = pad_sources([sources[i] for i in batch], pad_id, limit)
-            max_length = min(_round_up(encoder_ids.shape[1] + max_length_offset + 1, 8), limit)
+            # The sampler runs to the batch's longest budget; each output is
+            # cut to its own below.
+            max_length = min(_round_up(max(budgets[i] for i in batch) + 1, 8), limit)
             prompt = np.full((len(batch), max_length), pad_id, "int32")
             prompt[:, 0] = start_id
             inputs = {
@@ -358,7 +377,7 @@ class TransformerSeq2SeqLM(PresetIO, keras_hub.models.Seq2SeqLM):
             ids = ops.convert_to_numpy(generated["decoder_token_ids"])
             keep = ops.convert_to_numpy(generated["decoder_padding_mask"])
             for row, i in enumerate(batch):
-                output = ids[row, 1:][keep[row, 1:]].tolist()
+                output = ids[row, 1:][keep[row, 1:]].tolist()[: budgets[i]]
                 outputs[i] = output[:-1] if output and output[-1] == end_id else output
         return outputs
 
@@ -383,10 +402,8 @@ class TransformerSeq2SeqLM(PresetIO, keras_hub.models.Seq2SeqLM):
             sampler: `"beam"` (the paper) or `"greedy"`, or a keras-hub
                 `Sampler` instance (such as `keras_hub.samplers.TopKSampler`),
                 which runs keras-hub's generate loop through `generate_step`:
-                no length penalty, outputs up to source length +
-                `max_length_offset` for the longest source of the batch,
-                and no scores (`beam_size`, `alpha`, `num_results` and
-                `return_scores` do not apply).
+                no length penalty and no scores (`beam_size`, `alpha`,
+                `num_results` and `return_scores` do not apply).
             beam_size: beams per source (the paper: 4).
             alpha: length penalty exponent (the paper: 0.6).
             max_length_offset: at most source length + this many output
