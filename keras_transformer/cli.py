@@ -376,7 +376,8 @@ def main(argv=None):
     }
     try:
         commands[args.command](args)
-    except (ValueError, FileNotFoundError, FileExistsError, IsADirectoryError) as error:
+    except (ValueError, FileNotFoundError, FileExistsError, IsADirectoryError, NotADirectoryError,
+            PermissionError) as error:
         # Bad input (presets, text, files, settings): the message, not a
         # traceback. PresetError is a ValueError.
         raise SystemExit(f"error: {error}") from None

@@ -44,6 +44,10 @@ import tensorflow_text as tf_text
 from keras_transformer.decoding.beam import _special_ids
 from keras_transformer.decoding.beam import best_extensions
 
+# Text that is only whitespace, as Python's `str.isspace` has it (what
+# `generate` calls blank): `tf.strings.strip` strips ASCII whitespace only.
+BLANK = r"[\t-\r\x{1c}-\x{1f}\x{85}\p{Z}]*"
+
 
 def export_saved_model(model, export_dir, beam_size=4, alpha=0.6, max_length_offset=50, overwrite=False):
     """Writes a SavedModel that translates strings (see the module docstring).
@@ -77,6 +81,11 @@ def export_saved_model(model, export_dir, beam_size=4, alpha=0.6, max_length_off
         raise ValueError(f"beam_size must be at least 1, got {beam_size}.")
     if alpha < 0:
         raise ValueError(f"alpha must be >= 0, got {alpha}.")
+    if max_length_offset < 0:
+        raise ValueError(
+            f"max_length_offset must be >= 0, got {max_length_offset}: the SavedModel must leave "
+            "every source, a blank one's start and end tokens included, an output token."
+        )
     _check_exportable(model)
     export_dir = os.path.abspath(os.fspath(export_dir))
     if os.path.isfile(export_dir):
@@ -222,7 +231,7 @@ class Translator(tf.Module):
     def _search(self, text):
         model = self._model
         limit = model.backbone.max_sequence_length
-        empty = tf.equal(tf.strings.length(tf.strings.strip(text)), 0)
+        empty = tf.strings.regex_full_match(text, BLANK)
         pieces = self.tokenizer.tokenize(text)
         batch = tf.shape(text)[0]
         start = tf.fill([batch, 1], self.start_id)
@@ -253,7 +262,7 @@ class Translator(tf.Module):
         model, k = self._model, self.beam_size
         vocabulary_size = model.backbone.vocabulary_size
         batch = tf.shape(encoder_ids)[0]
-        max_budget = tf.reduce_max(budgets)
+        max_budget = tf.reduce_max(tf.concat([budgets, [1]], axis=0))  # 1 for an empty batch
         length_limit = max_budget + 1  # positions, the start token's included
         encoder_output = model.encode(encoder_ids, encoder_mask)
         cross = [layer.cross_attention.project_key_value(encoder_output) for layer in model.backbone.decoder_layers]

@@ -27,6 +27,7 @@ texts = json.loads(sys.stdin.read())
 translator = tf.saved_model.load(sys.argv[1])
 strings = translator.signatures["serving_default"](text=tf.constant(texts))["translations"]
 ids = translator.signatures["translate_ids"](text=tf.constant(texts))
+no_texts = translator.signatures["translate_ids"](text=tf.constant([], tf.string))
 try:
     translator.signatures["serving_default"](text=tf.constant(["word " * 300]))
     too_long = "no error"
@@ -41,6 +42,7 @@ print(json.dumps({
     "signatures": sorted(translator.signatures),
     "forbidden_modules": loaded,
     "too_long": too_long,
+    "no_texts": {name: list(value.shape) for name, value in no_texts.items()},
 }))
 """
 
@@ -59,7 +61,8 @@ def load_elsewhere(path, texts):
 @pytest.fixture(scope="module")
 def texts(multi30k_dir):
     sources, _ = multi30k.load("test_2016_flickr", "en", "de", data_dir=multi30k_dir)
-    return sources[:12] + ["", "   ", "A dog."]
+    # Blank texts: empty, ASCII spaces, a no-break and an em space.
+    return sources[:12] + ["", "   ", "\u00a0\u2003", "A dog."]
 
 
 @pytest.fixture(scope="module")
@@ -84,8 +87,20 @@ def test_saved_model_translates_like_the_package(exported, texts):
     for ids, length, result in zip(served["token_ids"], served["lengths"], found):
         assert ids[:length] == (result[0][0] if result else [])
         assert set(ids[length:]) <= {pad_id}
-    assert served["lengths"][12:14] == [0, 0]
+    assert served["lengths"][12:15] == [0, 0, 0]
     assert "max_sequence_length=256" in served["too_long"]
+    assert served["no_texts"] == {"token_ids": [0, 0], "lengths": [0], "scores": [0]}
+
+
+def test_blank_in_the_saved_model_is_blank_in_python():
+    import tensorflow as tf
+
+    from keras_transformer.export import BLANK
+
+    characters = [chr(c) for c in range(0x110000) if not 0xD800 <= c < 0xE000]
+    blank = tf.strings.regex_full_match(tf.constant(characters), BLANK).numpy()
+    assert [c for c, b in zip(characters, blank) if b != c.isspace()] == []
+    assert tf.strings.regex_full_match(["", " \u00a0\t", " a "], BLANK).numpy().tolist() == [True, True, False]
 
 
 def test_export_never_overwrites_or_leaves_half_an_export(exported, tmp_path):
@@ -132,4 +147,13 @@ def test_a_model_the_export_cannot_hold_is_refused_before_any_work(tmp_path):
         export_saved_model(str(tmp_path / "wordpiece"), tmp_path / "out")
     with pytest.raises(ValueError, match="preprocessor"):
         export_saved_model(TransformerSeq2SeqLM(backbone), tmp_path / "out")
+    with pytest.raises(ValueError, match="max_length_offset must be >= 0, got -5"):
+        export_saved_model(PRESET, tmp_path / "out", max_length_offset=-5)
     assert sorted(os.listdir(tmp_path)) == ["wordpiece"]
+    # A path under a file: the command says so, without a traceback.
+    from keras_transformer import cli
+
+    (tmp_path / "file.txt").write_text("mine")
+    with pytest.raises(SystemExit, match="^error: .*Not a directory"):
+        cli.main(["export", "--preset", PRESET, str(tmp_path / "file.txt" / "x" / "1")])
+    assert (tmp_path / "file.txt").read_text() == "mine"
