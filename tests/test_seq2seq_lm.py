@@ -237,6 +237,11 @@ def test_generate_text(small_tokenizer):
     assert model.generate(tf.constant("Ein Hund läuft.")) == outputs[0]
     with pytest.raises(TypeError, match="item 1 is of type int"):
         model.generate(["Ein Hund.", 7])
+    # The dict `fit` takes, without targets.
+    assert model.generate({"encoder_text": ["Ein Hund läuft.", ""]}) == outputs[:2]
+    for keys in ({"encoder_text": ["x"], "decoder_text": ["y"]}, {"encoder_token_ids": [[2, 5, 3]]}):
+        with pytest.raises(ValueError, match="takes `encoder_text` .* or `encoder_token_ids` with `encoder_padding_mask`"):
+            model.generate(keys)
     assert model.generate("Ein Hund.", sampler="greedy") == model.generate("Ein Hund.", beam_size=1)
     nbest = model.generate(["Ein Hund läuft.", ""], num_results=3)
     assert len(nbest[0]) == 3 and nbest[1] == [("", 0.0)]

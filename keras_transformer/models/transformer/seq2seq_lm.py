@@ -397,8 +397,9 @@ class TransformerSeq2SeqLM(PresetIO, keras_hub.models.Seq2SeqLM):
 
         Args:
             inputs: a string or a list of strings (bytes, NumPy string
-                arrays and string tensors too; needs the preprocessor), or
-                a dict with `encoder_token_ids` and `encoder_padding_mask`.
+                arrays and string tensors too; needs the preprocessor), the
+                same as `{"encoder_text": ...}`, or a dict with
+                `encoder_token_ids` and `encoder_padding_mask`.
             sampler: `"beam"` (the paper) or `"greedy"`, or a keras-hub
                 `Sampler` instance (such as `keras_hub.samplers.TopKSampler`),
                 which runs keras-hub's generate loop through `generate_step`:
@@ -437,9 +438,18 @@ class TransformerSeq2SeqLM(PresetIO, keras_hub.models.Seq2SeqLM):
             beam_size, alpha = 1, 0.0
         if num_results > beam_size:
             raise ValueError(f"num_results={num_results} needs beam_size >= {num_results}.")
+        if isinstance(inputs, dict) and set(inputs) == {"encoder_text"}:  # as `fit` takes them
+            inputs = inputs["encoder_text"]
         from_ids = isinstance(inputs, dict)
         single = False
         if from_ids:
+            if not {"encoder_token_ids", "encoder_padding_mask"} <= set(inputs):
+                raise ValueError(
+                    f"generate() got a dict with keys {sorted(inputs)}; it takes `encoder_text` (sources "
+                    "as strings) or `encoder_token_ids` with `encoder_padding_mask`. Decoder prompts "
+                    "(`decoder_text`, `decoder_token_ids`) are not supported: translations start from "
+                    "the start token."
+                )
             texts = inputs
             ids = keras.ops.convert_to_numpy(texts["encoder_token_ids"])
             mask = keras.ops.convert_to_numpy(texts["encoder_padding_mask"]).astype(bool)
