@@ -35,11 +35,14 @@ from keras_transformer.schedules import paper_optimizer
 TOKENIZER_FILE = "tokenizer.spm"
 
 
-def _tokenizer(output_dir, texts, vocabulary_size, algorithm, save=True):
-    """Loads the run's tokenizer, or trains (and with `save`, saves) it on
-    the first start, so that a resumed run keeps the same vocabulary."""
+def _tokenizer(output_dir, run, texts, vocabulary_size, algorithm, save=True):
+    """Loads the tokenizer of the run that started in `output_dir` (its
+    run.json: `run`), or trains (and with `save`, saves) it on the first
+    start, so that a resumed run keeps the same vocabulary. A tokenizer file
+    without run.json is left by a start that failed (a preset's, or one of
+    other settings) and is replaced."""
     path = os.path.join(output_dir, TOKENIZER_FILE)
-    if os.path.exists(path):
+    if run and os.path.exists(path):
         return TransformerTokenizer(proto=path)
     if algorithm == "wordpiece":
         raise ValueError("train_multi30k supports the SentencePiece algorithms 'bpe' and 'unigram'.")
@@ -133,7 +136,7 @@ def _epoch_plan(num_batches, epochs, steps, previous_run):
 # keep_checkpoints, bleu_sentences) may change from one call to the next.
 RUN_FIXED = (
     "source", "target", "config", "tokenizer_algorithm", "max_tokens", "pad_to_multiple_of", "limit",
-    "seed", "warmup_steps", "learning_rate_scale", "label_smoothing", "initial_step",
+    "seed", "warmup_steps", "learning_rate_scale", "label_smoothing", "initial_step", "vocabulary_size",
 )
 
 
@@ -343,6 +346,8 @@ def train_multi30k(
     )
     if initial_step is not None:
         settings["initial_step"] = initial_step
+    if not initial_preset:  # a run from a preset has the preset's vocabulary
+        settings["vocabulary_size"] = vocabulary_size
     _check_same_settings(output_dir, previous_run, settings, scratch_backbone)
     os.makedirs(output_dir, exist_ok=True)
     keras.utils.set_random_seed(seed)
@@ -372,7 +377,9 @@ def train_multi30k(
             )
         initial_step = preset_step if initial_step is None else initial_step
     else:
-        tokenizer = _tokenizer(output_dir, sources + targets, vocabulary_size, tokenizer_algorithm, save=chief)
+        tokenizer = _tokenizer(
+            output_dir, previous_run, sources + targets, vocabulary_size, tokenizer_algorithm, save=chief
+        )
     initial_step = initial_step or 0
     if initial_preset:
         max_sequence_length = read_preset_file(initial_preset, CONFIG_FILE)["config"]["max_sequence_length"]

@@ -334,6 +334,26 @@ def test_a_run_from_a_preset_refuses_what_it_cannot_do(tmp_path, multi30k_dir):
     assert _preset_steps(preset, {}) is None
 
 
+def test_a_tokenizer_left_by_a_failed_start_is_not_the_runs(tmp_path, multi30k_dir):
+    from keras_transformer.datasets import multi30k
+    from keras_transformer.training import _check_same_settings
+    from keras_transformer.training import _tokenizer
+
+    sources, targets = multi30k.load("train", "en", "de", multi30k_dir)
+    texts = sources[:300] + targets[:300]
+    # A start that failed after writing its tokenizer (no run.json): the
+    # next start trains its own, with its own settings.
+    left = _tokenizer(str(tmp_path), {}, texts, 400, "bpe")
+    assert (tmp_path / "tokenizer.spm").exists()
+    fresh = _tokenizer(str(tmp_path), {}, texts, 450, "unigram")
+    assert fresh.vocabulary_size() == 450 and fresh.proto != left.proto
+    # A run that started (run.json) keeps its tokenizer...
+    assert _tokenizer(str(tmp_path), {"vocabulary_size": 450}, texts, 450, "unigram").proto == fresh.proto
+    # ...and refuses another vocabulary size.
+    with pytest.raises(ValueError, match="changed: vocabulary_size; the run has vocabulary_size=450"):
+        _check_same_settings(str(tmp_path), {"vocabulary_size": 450}, {"vocabulary_size": 800}, None)
+
+
 def test_steps_make_epochs_of_at_most_one_pass_and_reruns_train_on_to_the_total():
     from keras_transformer.training import _epoch_plan
 
