@@ -64,6 +64,9 @@ def _check_output_path(path):
         raise FileNotFoundError(f"Cannot write {path!r}: the directory {directory!r} does not exist.")
     if os.path.isdir(path):
         raise IsADirectoryError(f"Cannot write {path!r}: it is a directory.")
+    target = path if os.path.exists(path) else directory
+    if not os.access(target, os.W_OK):  # also a read-only file system
+        raise PermissionError(f"Cannot write {path!r}: {target!r} is not writable.")
 
 
 def _add_train(subparsers):
@@ -170,7 +173,7 @@ def _train(args):
         if args.multi_host and keras.config.backend() == "jax":
             distribution.initialize_multi_host()
         strategy = distribution.data_parallel(devices=args.devices, multi_host=args.multi_host)
-        print(f"Training on {strategy.num_replicas} devices: {strategy}")
+        print(f"Training on {strategy.num_replicas} device{'s' if strategy.num_replicas > 1 else ''}: {strategy}")
     train_multi30k(
         args.output_dir,
         strategy=strategy,
@@ -273,6 +276,11 @@ def _translate(args):
 
     if args.beam_size < 1:
         raise SystemExit("error: --beam-size must be at least 1")
+    if args.text and args.input:
+        raise SystemExit(
+            f"error: give TEXT or --input, not both (got --input {args.input} and {len(args.text)} "
+            "TEXT argument(s)); to write the translations to a file use -o/--output."
+        )
     if args.text:
         texts = args.text
     elif args.input:
@@ -376,9 +384,9 @@ def main(argv=None):
     }
     try:
         commands[args.command](args)
-    except (ValueError, FileNotFoundError, FileExistsError, IsADirectoryError, NotADirectoryError,
-            PermissionError) as error:
-        # Bad input (presets, text, files, settings): the message, not a
+    except (ValueError, OSError, EOFError) as error:
+        # Bad input (presets, text, files, settings) and file system errors
+        # (a missing, unwritable or corrupt file): the message, not a
         # traceback. PresetError is a ValueError.
         raise SystemExit(f"error: {error}") from None
     return 0

@@ -149,6 +149,17 @@ def data_parallel(devices=None, multi_host=False):
             "devices and multi_host together: a job on several machines trains on every device of "
             "every process. Leave devices out, and limit a machine's devices with CUDA_VISIBLE_DEVICES."
         )
+    if multi_host and backend == "tensorflow" and not os.environ.get("TF_CONFIG"):
+        raise ValueError(
+            "multi_host on TensorFlow joins the job that TF_CONFIG describes, and TF_CONFIG is not set: "
+            "set it on every machine (see docs/distribution.md), or leave multi_host out to train alone."
+        )
+    if multi_host and backend == "torch" and "WORLD_SIZE" not in os.environ:
+        raise ValueError(
+            "multi_host on PyTorch joins the job that torchrun launched, and this process was not "
+            "launched by torchrun: run `torchrun --nnodes N ...` on every machine, or leave multi_host "
+            "out to train alone."
+        )
     if backend == "jax":
         import jax
 

@@ -330,6 +330,8 @@ def train_multi30k(
             f"A run from a preset keeps the preset's architecture: {', '.join(fixed)} cannot change "
             f"(only {', '.join(PRESET_OVERRIDES)} can). Train from scratch with `config` to change it."
         )
+    if os.path.exists(output_dir) and not os.path.isdir(output_dir):
+        raise FileExistsError(f"The output directory {output_dir!r} is a file; give a directory for the run.")
     previous_run = _read_run(output_dir)
     _check_run_start(output_dir, previous_run, initial_preset)
     if initial_step is None and not initial_preset:

@@ -60,3 +60,21 @@ def test_a_failed_download_says_how_to_work_offline(monkeypatch, capsys):
     # The command line prints the message, not a traceback.
     with pytest.raises(SystemExit, match=r"error: Could not download .* \(--data-dir\)"):
         cli.main(["evaluate", "transformer_multi30k_en_de", "--split", "val", "--limit", "1"])
+
+
+def test_a_truncated_file_is_named(tmp_path, multi30k_dir):
+    import gzip
+    import shutil
+
+    from keras_transformer.datasets import multi30k
+
+    for name in os.listdir(multi30k_dir):
+        if os.path.isfile(os.path.join(multi30k_dir, name)):
+            shutil.copy(os.path.join(multi30k_dir, name), tmp_path / name)
+    path = multi30k._path("val", "en", str(tmp_path))
+    data = open(path, "rb").read()
+    if not path.endswith(".gz"):
+        data = gzip.compress(data)
+    open(path, "wb").write(data[: len(data) // 2])
+    with pytest.raises(ValueError, match=r"val\.en.* is corrupt or truncated"):
+        multi30k.load("val", "en", "de", data_dir=str(tmp_path))

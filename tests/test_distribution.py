@@ -90,6 +90,8 @@ def test_jax_model_parallel_equals_unsharded(distributed_run):
 def test_model_parallel_errors():
     from keras_transformer import distribution
 
+    monkeypatch.delenv("TF_CONFIG", raising=False)
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
     if keras.config.backend() != "jax":
         with pytest.raises(ValueError, match="Model parallelism runs on JAX"):
             distribution.model_parallel(2)
@@ -100,13 +102,19 @@ def test_model_parallel_errors():
             distribution.model_parallel(4, devices=["cpu:0"] * 4, config={"num_heads": 6})
 
 
-def test_devices_and_multi_host_together_are_refused():
+def test_devices_and_multi_host_together_are_refused(monkeypatch):
     from keras_transformer import distribution
 
     # Several machines train on all their devices: a count would be
     # ignored (TensorFlow) or miscounted per process (JAX).
     with pytest.raises(ValueError, match="devices and multi_host together.*CUDA_VISIBLE_DEVICES"):
         distribution.data_parallel(devices=2, multi_host=True)
+    # Several machines without the launcher's environment: not a job of one.
+    monkeypatch.delenv("TF_CONFIG", raising=False)
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    if keras.config.backend() != "jax":
+        with pytest.raises(ValueError, match="multi_host on .* joins the job"):
+            distribution.data_parallel(multi_host=True)
     from keras_transformer import cli
 
     with pytest.raises(SystemExit, match="--devices and --multi-host together"):

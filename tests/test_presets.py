@@ -245,6 +245,9 @@ def test_cli_translate_and_presets(saved, capsys, tmp_path):
     # An output that cannot be written fails before any translating.
     with pytest.raises(SystemExit, match="error: Cannot write .* does not exist"):
         cli.main(["translate", "--preset", directory, "-i", str(source_file), "-o", str(tmp_path / "no" / "out.txt")])
+    # -o forgotten: the output name is not translated in place of the file.
+    with pytest.raises(SystemExit, match="error: give TEXT or --input, not both"):
+        cli.main(["translate", "--preset", directory, "-i", str(source_file), str(tmp_path / "out.de")])
 
     with pytest.raises(SystemExit, match="Unknown preset"):
         cli.main(["translate", "--preset", str(tmp_path / "missing"), "Hallo."])

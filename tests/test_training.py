@@ -369,6 +369,10 @@ def test_steps_make_epochs_of_at_most_one_pass_and_reruns_train_on_to_the_total(
 def test_cli_rejects_unknown_config(tmp_path, multi30k_dir, capsys):
     with pytest.raises(SystemExit, match="error: Unknown config 'huge'"):
         cli.main(["train", "--output-dir", str(tmp_path), "--data-dir", multi30k_dir, "--config", "huge"])
+    (tmp_path / "a-file").write_text("mine")
+    with pytest.raises(SystemExit, match="error: The output directory .*a-file' is a file"):
+        cli.main(["train", "--output-dir", str(tmp_path / "a-file"), "--data-dir", multi30k_dir])
+    assert (tmp_path / "a-file").read_text() == "mine"
     with pytest.raises(SystemExit):
         cli.main(["train", "--output-dir", str(tmp_path), "--bleu-sentences", "-1"])
     assert "--bleu-sentences: must be 0 or more" in capsys.readouterr().err

@@ -22,6 +22,7 @@ from the dataset's public repository into the Keras cache
 import gzip
 import hashlib
 import os
+import zlib
 
 import keras
 
@@ -109,8 +110,14 @@ def read_lines(split, language, data_dir=None):
     _check(split, language)
     path = _path(split, language, data_dir)
     opener = gzip.open if path.endswith(".gz") else open
-    with opener(path, "rt", encoding="utf-8") as f:
-        return [line.rstrip("\n") for line in f]
+    try:
+        with opener(path, "rt", encoding="utf-8") as f:
+            return [line.rstrip("\n") for line in f]
+    except (EOFError, gzip.BadGzipFile, zlib.error, UnicodeDecodeError) as error:
+        raise ValueError(
+            f"The Multi30k file {path!r} is corrupt or truncated ({error}). Delete it and copy or "
+            "download it again."
+        ) from error
 
 
 def load(split="train", source="en", target="de", data_dir=None):
