@@ -129,12 +129,18 @@ def training_record(args, run):
     """The `training` block of the metadata: one stage, or, for a run from
     a preset, that preset's stages and this one."""
     settings = {key: value for key, value in run.items() if key != "initial_training"}
+    # What the saved model records it was trained for and averaged, rather
+    # than what run.json asked for: a rerun of a finished run asks for
+    # fewer epochs, and keep_checkpoints counts those kept, not those made.
+    from keras_transformer.presets import read_metadata
+
+    saved = read_metadata(os.path.join(args.run_dir, "model")).get("training", {})
     stage = {
         "command": train_command(args.pair),
         "example": f"python examples/multi30k_presets.py train --pair {args.pair} --data-dir DATA --run-dir RUN",
         "settings": settings,
-        "steps": (run.get("initial_step") or 0) + run["epochs"] * run["steps_per_epoch"],
-        "averaged_checkpoints": run["keep_checkpoints"],
+        "steps": saved.get("steps", (run.get("initial_step") or 0) + run["epochs"] * run["steps_per_epoch"]),
+        "averaged_checkpoints": saved.get("averaged_checkpoints", run["keep_checkpoints"]),
         "wall_time_hours": training_hours(args.run_dir),
         "hardware": args.hardware or f"{os.cpu_count()}-core {platform.machine()} CPU, no GPU",
         "backend": run["backend"],
