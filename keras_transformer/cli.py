@@ -90,7 +90,8 @@ def _add_train(subparsers):
     p.add_argument("--steps", type=_positive_int, help="train about this many steps instead of --epochs (rounded up to whole epochs of at most one pass)")
     p.add_argument("--warmup-steps", type=_positive_int, default=4000)
     p.add_argument("--learning-rate-scale", type=_positive_float, default=1.0)
-    p.add_argument("--label-smoothing", type=_probability, default=0.1)
+    p.add_argument("--label-smoothing", type=_probability,
+                   help="eps_ls (default: the config's Table 3 value: 0.0 for D3, 0.2 for D4, else 0.1)")
     p.add_argument("--keep-checkpoints", type=_positive_int, default=5, help="checkpoints averaged at the end")
     p.add_argument("--bleu-sentences", type=_non_negative_int, default=200, help="val sentences for BLEU each epoch")
     p.add_argument("--limit", type=_positive_int, help="use only the first N training pairs")

@@ -354,6 +354,14 @@ def test_a_tokenizer_left_by_a_failed_start_is_not_the_runs(tmp_path, multi30k_d
         _check_same_settings(str(tmp_path), {"vocabulary_size": 450}, {"vocabulary_size": 800}, None)
 
 
+def test_table_3_label_smoothing_rows_train_with_their_eps_ls(tmp_path, multi30k_dir):
+    # Row D3 is eps_ls 0.0 (the backbone is base's): a run of it that
+    # recorded the usual 0.1 is another run, refused before any work.
+    (tmp_path / "run.json").write_text(json.dumps({"config": "D3", "label_smoothing": 0.1}))
+    with pytest.raises(ValueError, match=r"changed: label_smoothing.*the run has label_smoothing=0.1\)"):
+        train_multi30k(str(tmp_path), config="D3", data_dir=multi30k_dir)
+
+
 def test_steps_make_epochs_of_at_most_one_pass_and_reruns_train_on_to_the_total():
     from keras_transformer.training import _epoch_plan
 
