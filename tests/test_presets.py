@@ -124,6 +124,15 @@ def test_unknown_preset_lists_the_shipped_ones():
         TransformerBackbone.from_preset(3)
 
 
+def test_a_run_directory_points_to_its_model(saved, tmp_path):
+    import shutil
+
+    _, directory = saved
+    shutil.copytree(directory, tmp_path / "run" / "model")
+    with pytest.raises(PresetError, match="is not a preset but holds one in model/"):
+        TransformerSeq2SeqLM.from_preset(str(tmp_path / "run"))
+
+
 @pytest.mark.parametrize(
     "damage, cls, named",
     [

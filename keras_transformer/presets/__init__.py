@@ -214,6 +214,11 @@ def _check_directory(directory, needs, load_weights):
         required.append(TOKENIZER_FILE)
     for name in required:
         if not os.path.exists(path(name)):
+            if os.path.isfile(os.path.join(directory, "model", CONFIG_FILE)):  # a training run's directory
+                raise PresetError(
+                    f"{directory!r} is not a preset but holds one in model/: load "
+                    f"{os.path.join(directory, 'model')!r} (a training run saves its model there)."
+                )
             raise PresetError(
                 f"The preset directory {directory!r} has no {name}: it is incomplete. "
                 "Save the model again with `save_to_preset`, or copy the whole directory."
