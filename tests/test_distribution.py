@@ -90,8 +90,6 @@ def test_jax_model_parallel_equals_unsharded(distributed_run):
 def test_model_parallel_errors():
     from keras_transformer import distribution
 
-    monkeypatch.delenv("TF_CONFIG", raising=False)
-    monkeypatch.delenv("WORLD_SIZE", raising=False)
     if keras.config.backend() != "jax":
         with pytest.raises(ValueError, match="Model parallelism runs on JAX"):
             distribution.model_parallel(2)
