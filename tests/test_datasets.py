@@ -6,6 +6,7 @@ import shutil
 import pytest
 
 from keras_transformer.datasets import multi30k
+from keras_transformer.utils.files import sha256
 
 
 def test_loads_aligned_pairs(multi30k_dir):
@@ -44,7 +45,7 @@ def test_missing_file_is_named(tmp_path, multi30k_dir):
 
 def test_checksums_match_the_local_copy(multi30k_dir):
     for name, digest in multi30k.SHA256.items():
-        assert multi30k._sha256(os.path.join(multi30k_dir, name)) == digest, name
+        assert sha256(os.path.join(multi30k_dir, name)) == digest, name
 
 
 def test_a_failed_download_says_how_to_work_offline(monkeypatch, capsys):

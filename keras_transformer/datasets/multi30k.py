@@ -20,7 +20,6 @@ from the dataset's public repository into the Keras cache
 """
 
 import gzip
-import hashlib
 import os
 import zlib
 
@@ -67,14 +66,6 @@ def _check(split, language):
             f"Multi30k split {split!r} has no language {language!r}; "
             f"it has {list(SPLITS[split])}."
         )
-
-
-def _sha256(path):
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def _path(split, language, data_dir):

@@ -103,6 +103,20 @@ def _special_ids(model):
     return tokenizer.pad_token_id, tokenizer.start_token_id, tokenizer.end_token_id
 
 
+def output_budgets(sources, max_length_offset, limit):
+    """The output tokens each non-empty source may have: its length plus
+    `max_length_offset`, within the model's `limit` positions (the start
+    token takes one), as an int array."""
+    budgets = np.array([min(len(ids) + max_length_offset, limit - 1) for ids in sources])
+    if len(budgets) and budgets.min() < 1:
+        raise ValueError(
+            f"max_length_offset={max_length_offset} leaves no output token for a source of "
+            f"{min(len(ids) for ids in sources)} tokens: outputs may have the source's length plus "
+            "max_length_offset tokens."
+        )
+    return budgets
+
+
 def _round_up(value, multiple):
     return -(-value // multiple) * multiple
 
@@ -144,14 +158,7 @@ def beam_search(model, sources, beam_size=4, alpha=0.6, max_length_offset=50, nu
     batch, k = len(rows), beam_size
     limit = model.backbone.max_sequence_length
     encoder_ids, encoder_mask = pad_sources([sources[i] for i in rows], pad_id, limit)
-    # Output tokens allowed for each source (the start token takes a position).
-    budgets = np.array([min(len(sources[i]) + max_length_offset, limit - 1) for i in rows])
-    if budgets.min() < 1:
-        raise ValueError(
-            f"max_length_offset={max_length_offset} leaves no output token for a source of "
-            f"{min(len(sources[i]) for i in rows)} tokens: outputs may have the source's length plus "
-            "max_length_offset tokens."
-        )
+    budgets = output_budgets([sources[i] for i in rows], max_length_offset, limit)
     max_length = min(_round_up(int(budgets.max()) + 1, 8), limit)
 
     encode, step = model.decoding_functions()

@@ -22,12 +22,13 @@ so that a save that fails halfway leaves the directory as it was.
 import contextlib
 import fnmatch
 import glob
-import hashlib
 import json
 import os
 import shutil
 import tempfile
 import threading
+
+from keras_transformer.utils.files import sha256
 
 PRESETS_DIR = os.path.dirname(os.path.abspath(__file__))
 
@@ -281,7 +282,7 @@ def _check_weights(directory, checksums):
             ) from error
     for name, expected in (checksums if isinstance(checksums, dict) else {}).items():
         weights = os.path.join(directory, name)
-        if os.path.isfile(weights) and _sha256(weights) != expected:
+        if os.path.isfile(weights) and sha256(weights) != expected:
             raise PresetError(
                 f"The weights file {weights!r} is corrupt: its SHA-256 is not the "
                 f"one recorded in {METADATA_FILE} when it was saved. Copy the preset "
@@ -290,19 +291,10 @@ def _check_weights(directory, checksums):
             )
 
 
-def _sha256(path):
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
-def _weights_files(directory):
-    return sorted(
-        name for name in os.listdir(directory)
-        if name == WEIGHTS_FILE or name == TASK_WEIGHTS_FILE or fnmatch.fnmatchcase(name, SHARDED_WEIGHTS_FILES)
-    )
+def _matching(directory, patterns):
+    """The names in `directory` that match any of `patterns` (names or glob
+    patterns such as `SHARDED_WEIGHTS_FILES`)."""
+    return {name for name in os.listdir(directory) if any(fnmatch.fnmatchcase(name, p) for p in patterns)}
 
 
 def _flatten(values):
@@ -380,9 +372,9 @@ def saving(preset_dir, metadata=None, replaces=PRESET_ENTRIES):
     _saving.active = True
     try:
         yield staging
-        weights = _weights_files(staging)
+        weights = sorted(_matching(staging, (WEIGHTS_FILE, SHARDED_WEIGHTS_FILES, TASK_WEIGHTS_FILE)))
         if weights:  # written with the metadata.json they are recorded in
-            checksums = {CHECKSUMS_KEY: {name: _sha256(os.path.join(staging, name)) for name in weights}}
+            checksums = {CHECKSUMS_KEY: {name: sha256(os.path.join(staging, name)) for name in weights}}
             metadata = {**(metadata or {}), **checksums}
         if metadata:
             _merge_metadata(staging, metadata, preset_dir)
@@ -405,9 +397,7 @@ def _merge_metadata(directory, metadata, previous_dir):
 def _move_into_place(staging, preset_dir, replaces):
     os.makedirs(preset_dir, exist_ok=True)
     written = set(os.listdir(staging))
-    replaced = written | {
-        name for name in os.listdir(preset_dir) if any(fnmatch.fnmatchcase(name, p) for p in replaces)
-    }
+    replaced = written | _matching(preset_dir, replaces)
     # Set the old preset's entries aside first, so that a failure while
     # moving can put them back.
     aside = tempfile.mkdtemp(prefix=f".{os.path.basename(preset_dir)}.previous-", dir=os.path.dirname(preset_dir))

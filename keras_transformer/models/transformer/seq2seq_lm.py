@@ -343,6 +343,7 @@ class TransformerSeq2SeqLM(PresetIO, keras_hub.models.Seq2SeqLM):
         """Decodes token id sources with a keras-hub `Sampler`, through
         keras-hub's compiled generate function and `generate_step`."""
         from keras_transformer.decoding.beam import _round_up
+        from keras_transformer.decoding.beam import output_budgets
 
         if getattr(self, "sampler", None) is not sampler:
             self.sampler, self.generate_function = sampler, None
@@ -351,14 +352,7 @@ class TransformerSeq2SeqLM(PresetIO, keras_hub.models.Seq2SeqLM):
         limit = self.backbone.max_sequence_length
         outputs = [[] for _ in sources]
         rows = [i for i, ids in enumerate(sources) if ids]
-        # Output tokens allowed for each source, as in `beam_search`.
-        budgets = {i: min(len(sources[i]) + max_length_offset, limit - 1) for i in rows}
-        if rows and min(budgets.values()) < 1:
-            raise ValueError(
-                f"max_length_offset={max_length_offset} leaves no output token for a source of "
-                f"{min(len(sources[i]) for i in rows)} tokens: outputs may have the source's length plus "
-                "max_length_offset tokens."
-            )
+        budgets = dict(zip(rows, output_budgets([sources[i] for i in rows], max_length_offset, limit).tolist()))
         for start in range(0, len(rows), batch_size):
             batch = rows[start : start + batch_size]
             encoder_ids, encoder_mask = pad_sources([sources[i] for i in batch], pad_id, limit)
