@@ -242,7 +242,9 @@ def _evaluate(args):
     if args.limit:
         sources, references = sources[: args.limit], references[: args.limit]
     model = TransformerSeq2SeqLM.from_preset(args.model)
-    decoding = dict(sampler="greedy") if args.beam_size == 1 else dict(beam_size=args.beam_size, alpha=args.alpha)
+    decoding = dict(sampler="greedy") if args.beam_size == 1 else dict(
+        beam_size=args.beam_size, alpha=args.alpha, length_penalty=args.length_penalty
+    )
     scores = evaluate_translation(model, sources, references, batch_size=args.batch_size, **decoding)
     if args.output:
         with open(args.output, "w", encoding="utf-8") as f:
@@ -267,6 +269,9 @@ def _add_translate(subparsers):
                    help=f"a preset name or directory (default: {DEFAULT_PRESET})")
     p.add_argument("--beam-size", type=_positive_int, default=4, help="1 decodes greedily (default: 4)")
     p.add_argument("--alpha", type=_non_negative_float, default=0.6, help="length penalty (default: 0.6)")
+    p.add_argument("--length-penalty", choices=("gnmt", "length"), default="gnmt",
+                   help="gnmt: ((5 + |Y|) / 6) ** alpha, the paper's; length: |Y| ** alpha, as transformers "
+                   "ranks beams (default: gnmt)")
     p.add_argument("--batch-size", type=_positive_int, default=64, help="sentences translated together (default: 64)")
     p.add_argument("-i", "--input", help="a text file, one sentence a line (default: stdin)")
     p.add_argument("-o", "--output", help="write the translations to this file (default: stdout)")
@@ -293,7 +298,9 @@ def _translate(args):
         texts = _lines(sys.stdin.read())
     _check_output_path(args.output)
     model = TransformerSeq2SeqLM.from_preset(args.preset)
-    decoding = dict(sampler="greedy") if args.beam_size == 1 else dict(beam_size=args.beam_size, alpha=args.alpha)
+    decoding = dict(sampler="greedy") if args.beam_size == 1 else dict(
+        beam_size=args.beam_size, alpha=args.alpha, length_penalty=args.length_penalty
+    )
     # The progress bar goes to stderr, so that stdout holds translations only.
     verbose = 1 if len(texts) > args.batch_size else 0
     with contextlib.redirect_stdout(sys.stderr):
@@ -366,6 +373,43 @@ def _export(args):
     print(f"Wrote the SavedModel to {path}")
 
 
+def _add_convert(subparsers):
+    p = subparsers.add_parser(
+        "convert",
+        help="Convert a Marian (opus-mt) checkpoint into a preset of this package.",
+        description="Read a Marian model as transformers saves it (a directory with config.json, "
+        "model.safetensors or pytorch_model.bin, source.spm, target.spm and vocab.json, or an hf:// "
+        "handle such as hf://Helsinki-NLP/opus-mt-en-de) and save it as a preset directory.",
+    )
+    p.add_argument("source", help="the Marian directory or hf:// handle")
+    p.add_argument("output_dir", help="the preset directory to write")
+
+
+def _convert(args):
+    from keras_transformer.convert import convert_marian
+
+    convert_marian(args.source, args.output_dir)
+    print(f"Wrote the preset to {args.output_dir}")
+
+
+def _add_export_marian(subparsers):
+    p = subparsers.add_parser(
+        "export-marian",
+        help="Write a preset as a transformers Marian directory (for transformers and CTranslate2).",
+    )
+    p.add_argument("output_dir", help="the directory to write (must be empty or absent)")
+    p.add_argument("--preset", default=DEFAULT_PRESET,
+                   help=f"a preset name or directory (default: {DEFAULT_PRESET})")
+    p.add_argument("--overwrite", action="store_true", help="replace the files of an earlier export")
+
+
+def _export_marian(args):
+    from keras_transformer.convert import export_marian
+
+    path = export_marian(args.preset, args.output_dir, overwrite=args.overwrite)
+    print(f"Wrote the Marian model to {path}")
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(
         prog="keras-transformer",
@@ -378,10 +422,13 @@ def main(argv=None):
     _add_translate(subparsers)
     _add_presets(subparsers)
     _add_export(subparsers)
+    _add_convert(subparsers)
+    _add_export_marian(subparsers)
     args = parser.parse_args(argv)
     commands = {
         "train": _train, "evaluate": _evaluate, "attention": _attention,
         "translate": _translate, "presets": _presets, "export": _export,
+        "convert": _convert, "export-marian": _export_marian,
     }
     try:
         commands[args.command](args)

@@ -41,7 +41,6 @@ import keras
 import tensorflow as tf
 import tensorflow_text as tf_text
 
-from keras_transformer.decoding.beam import _special_ids
 from keras_transformer.decoding.beam import best_extensions
 
 # Text that is only whitespace, as Python's `str.isspace` has it (what
@@ -126,25 +125,30 @@ class ExportError(RuntimeError):
 
 def _check_exportable(model):
     """A clear error, before any work, for a model the export cannot hold."""
+    from keras_transformer.models import MarianTokenizer
     from keras_transformer.models import TransformerSeq2SeqLM
     from keras_transformer.models import TransformerTokenizer
 
+    exportable_classes = (TransformerTokenizer, MarianTokenizer)
     if isinstance(model, TransformerSeq2SeqLM):
         if model.preprocessor is None:
             raise ValueError("Export needs a model with a preprocessor (its tokenizer).")
-        exportable = isinstance(model.preprocessor.tokenizer, TransformerTokenizer)
+        exportable = isinstance(model.preprocessor.tokenizer, exportable_classes)
         tokenizer = type(model.preprocessor.tokenizer).__name__
     else:
         from keras_transformer import presets
+        from keras_transformer.convert import is_marian
 
+        if is_marian(model):
+            return
         presets.check(model, ("config", "tokenizer"))
         tokenizer = presets.read_preset_file(model, presets.TOKENIZER_FILE).get("class_name")
-        exportable = tokenizer == TransformerTokenizer.__name__
+        exportable = tokenizer in [cls.__name__ for cls in exportable_classes]
     if not exportable:
         raise ValueError(
             f"The model's tokenizer is a {tokenizer}; the SavedModel tokenizes with "
             "tensorflow-text's SentencePiece, so only models with a TransformerTokenizer "
-            "(BPE or unigram, the default) export."
+            "(BPE or unigram, the default) or a MarianTokenizer export."
         )
 
 
@@ -210,11 +214,17 @@ class Translator(tf.Module):
         self._model = model
         # Tracked here, so that the SavedModel saves them.
         self.model_variables = list(model.variables)
-        self.tokenizer = tf_text.SentencepieceTokenizer(model=model.preprocessor.tokenizer.proto, out_type=tf.int32)
+        tokenizer = model.preprocessor.tokenizer
+        if hasattr(tokenizer, "graph_tokenizer"):  # MarianTokenizer: tracked tables
+            self.tokenizer = tokenizer.graph_tokenizer()
+        else:
+            self.tokenizer = tf_text.SentencepieceTokenizer(model=tokenizer.proto, out_type=tf.int32)
         self.beam_size = beam_size
         self.alpha = float(alpha)
         self.max_length_offset = max_length_offset
-        self.pad_id, self.start_id, self.end_id = _special_ids(model)
+        special = model.special_token_ids
+        self.pad_id, self.start_id, self.end_id = special.pad, special.start, special.end
+        self.source_start_id = special.source_start
         self.never_output = tf.constant(model.never_output_bias())
 
     @tf.function(input_signature=[tf.TensorSpec([None], tf.string, name="text")], autograph=False)
@@ -234,9 +244,12 @@ class Translator(tf.Module):
         empty = tf.strings.regex_full_match(text, BLANK)
         pieces = self.tokenizer.tokenize(text)
         batch = tf.shape(text)[0]
-        start = tf.fill([batch, 1], self.start_id)
         end = tf.fill([batch, 1], self.end_id)
-        sources = tf.concat([start, pieces, end], axis=1)
+        # Framed as the preprocessor frames sources (`SpecialTokenIds.frame_source`).
+        if self.source_start_id is None:
+            sources = tf.concat([pieces, end], axis=1)
+        else:
+            sources = tf.concat([tf.fill([batch, 1], self.source_start_id), pieces, end], axis=1)
         source_lengths = tf.cast(sources.row_lengths(), tf.int32)
         check = tf.debugging.assert_less_equal(
             tf.where(empty, 0, source_lengths), limit,
@@ -245,7 +258,7 @@ class Translator(tf.Module):
         )
         with tf.control_dependencies([check]):
             encoder_ids = sources.to_tensor(default_value=self.pad_id)
-        encoder_mask = tf.cast(tf.not_equal(encoder_ids, self.pad_id), tf.int32)
+        encoder_mask = tf.cast(tf.sequence_mask(source_lengths, tf.shape(encoder_ids)[1]), tf.int32)
         budgets = tf.minimum(source_lengths + self.max_length_offset, limit - 1)
         token_ids, lengths, scores = self._beam_search(encoder_ids, encoder_mask, budgets)
         lengths = tf.where(empty, 0, lengths)

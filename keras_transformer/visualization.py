@@ -39,7 +39,7 @@ def attention_maps(model, source, target=None):
     if target is None:
         target = model.generate(source, sampler="greedy")
     source_ids = model._tokenize_sources([source])[0]
-    target_ids = [tokenizer.start_token_id, *np.asarray(tokenizer.tokenize(target)).tolist()]
+    target_ids = model.special_token_ids.frame_target(model.preprocessor.target_token_ids([target])[0])[:-1]
     backbone = model.backbone
     encoder_ids = np.array([source_ids], "int32")
     decoder_ids = np.array([target_ids], "int32")

@@ -281,7 +281,8 @@ class TokenBudgetBatches:
 
 
 def tokenize_pairs(sources, targets, tokenizer, max_length=None):
-    """Token ids `<s> ... </s>` for each source and target string.
+    """Framed token ids (`<s> ... </s>` with this package's vocabularies;
+    see `SpecialTokenIds`) for each source and target string.
 
     Pairs where a side is longer than `max_length` tokens (start and end
     included) are dropped; the number dropped is returned too.
@@ -291,11 +292,14 @@ def tokenize_pairs(sources, targets, tokenizer, max_length=None):
     """
     if len(sources) != len(targets):
         raise ValueError(f"{len(sources)} sources but {len(targets)} targets.")
-    start, end = tokenizer.start_token_id, tokenizer.end_token_id
+    from keras_transformer.models.transformer.special_tokens import special_token_ids
+
+    special = special_token_ids(tokenizer)
     encoder_ids, decoder_ids, dropped = [], [], 0
-    source_tokens, target_tokens = _token_lists(tokenizer, sources), _token_lists(tokenizer, targets)
+    target_tokenizer = getattr(tokenizer, "tokenize_target", tokenizer)
+    source_tokens, target_tokens = _token_lists(tokenizer, sources), _token_lists(target_tokenizer, targets)
     for source, target in zip(source_tokens, target_tokens):
-        source, target = [start, *source, end], [start, *target, end]
+        source, target = special.frame_source(source), special.frame_target(target)
         if max_length and (len(source) > max_length or len(target) > max_length):
             dropped += 1
             continue

@@ -32,9 +32,20 @@ from keras import ops
 CACHE_CHUNK = 16
 
 
-def length_penalty(length, alpha):
-    """GNMT's lp(Y) = ((5 + |Y|) / 6) ** alpha."""
-    return ((5.0 + np.asarray(length, "float64")) / 6.0) ** alpha
+# "gnmt": the paper's (GNMT's) ((5 + |Y|) / 6) ** alpha; "length": |Y| **
+# alpha, as Hugging Face transformers (and Marian) rank hypotheses.
+LENGTH_PENALTIES = ("gnmt", "length")
+
+
+def length_penalty(length, alpha, kind="gnmt"):
+    """lp(Y): GNMT's ((5 + |Y|) / 6) ** alpha, or |Y| ** alpha for `"length"`."""
+    length = np.asarray(length, "float64")
+    if kind == "length":
+        return length**alpha
+    return ((5.0 + length) / 6.0) ** alpha
+
+
+_penalty = length_penalty  # `beam_search`'s argument of the same name hides it
 
 
 def best_extensions(logits, log_probs, never_output, count):
@@ -96,13 +107,6 @@ def _grow_self_attention_cache(cache, length):
     return [((grow(keys), grow(values)), cross) for (keys, values), cross in cache]
 
 
-def _special_ids(model):
-    tokenizer = getattr(model.preprocessor, "tokenizer", None)
-    if tokenizer is None:
-        return 0, 2, 3
-    return tokenizer.pad_token_id, tokenizer.start_token_id, tokenizer.end_token_id
-
-
 def output_budgets(sources, max_length_offset, limit):
     """The output tokens each non-empty source may have: its length plus
     `max_length_offset`, within the model's `limit` positions (the start
@@ -121,7 +125,7 @@ def _round_up(value, multiple):
     return -(-value // multiple) * multiple
 
 
-def beam_search(model, sources, beam_size=4, alpha=0.6, max_length_offset=50, num_results=1):
+def beam_search(model, sources, beam_size=4, alpha=0.6, max_length_offset=50, num_results=1, length_penalty="gnmt"):
     """Translates token id sequences with beam search.
 
     Args:
@@ -136,6 +140,10 @@ def beam_search(model, sources, beam_size=4, alpha=0.6, max_length_offset=50, nu
             `max_sequence_length` allows.
         num_results: how many best hypotheses to return per source (at most
             `beam_size`).
+        length_penalty: `"gnmt"` (the paper's) or `"length"` (|Y| **
+            alpha), which also stops as transformers' beam search does
+            (`early_stopping=False`), so that it gives transformers'
+            outputs.
 
     Returns:
         For each source, a list of `num_results` `(token_ids, score,
@@ -148,9 +156,13 @@ def beam_search(model, sources, beam_size=4, alpha=0.6, max_length_offset=50, nu
         raise ValueError(f"num_results must be between 1 and beam_size={beam_size}, got {num_results}.")
     if alpha < 0:
         raise ValueError(f"alpha must be >= 0, got {alpha}.")
+    if length_penalty not in LENGTH_PENALTIES:
+        raise ValueError(f"Unknown length_penalty {length_penalty!r}; expected one of {LENGTH_PENALTIES}.")
+    penalty_kind = length_penalty
     # Lists of ints, whether given as lists, arrays or tensors.
     sources = [np.asarray(ids, "int32").reshape(-1).tolist() for ids in sources]
-    pad_id, start_id, end_id = _special_ids(model)
+    special = model.special_token_ids
+    pad_id, start_id, end_id = special.pad, special.start, special.end
     results = [[] for _ in sources]
     rows = [i for i, ids in enumerate(sources) if ids]
     if not rows:
@@ -215,7 +227,7 @@ def beam_search(model, sources, beam_size=4, alpha=0.6, max_length_offset=50, nu
                 if token == end_id:
                     if rank < k:
                         ids = sequences[row, parent].tolist()
-                        finished[source].append((value / length_penalty(length, alpha), value, ids))
+                        finished[source].append((value / _penalty(length, alpha, penalty_kind), value, ids))
                     continue
                 if live < k:
                     new_log_probs[row, live], parents[row, live], new_tokens[row, live] = value, parent, token
@@ -224,15 +236,24 @@ def beam_search(model, sources, beam_size=4, alpha=0.6, max_length_offset=50, nu
                 # The maximum length: live beams finish as they are.
                 for beam in range(live):
                     ids = sequences[row, parents[row, beam]].tolist() + [int(new_tokens[row, beam])]
-                    score = new_log_probs[row, beam] / length_penalty(length, alpha)
+                    score = new_log_probs[row, beam] / _penalty(length, alpha, penalty_kind)
                     finished[source].append((score, new_log_probs[row, beam], ids))
                 done[row] = True
-            elif len(finished[source]) >= k or live == 0:
+            elif live == 0:
+                done[row] = True
+            elif penalty_kind == "length":
+                # transformers' rule (early_stopping=False): with k finished,
+                # go on while the best live beam, scored at the current
+                # length, beats the k-th best finished one.
+                if len(finished[source]) >= k:
+                    kth = sorted((score for score, _, _ in finished[source]), reverse=True)[k - 1]
+                    done[row] = new_log_probs[row, :live].max() / _penalty(length, alpha, penalty_kind) <= kth
+            elif len(finished[source]) >= k:
                 done[row] = True
             elif len(finished[source]) >= num_results:
                 # The n-th best finished score that a live beam must beat.
                 bar = sorted((score for score, _, _ in finished[source]), reverse=True)[num_results - 1]
-                reachable = new_log_probs[row, :live].max() / length_penalty(budgets[source], alpha)
+                reachable = new_log_probs[row, :live].max() / _penalty(budgets[source], alpha, penalty_kind)
                 done[row] = bar >= reachable
         if done.all():
             break

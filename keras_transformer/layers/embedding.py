@@ -2,7 +2,9 @@
 
 One learned matrix serves three roles: the source embedding, the target
 embedding and the pre-softmax linear transformation. As an embedding its
-output is multiplied by sqrt(d_model).
+output is multiplied by sqrt(d_model). The paper's softmax has no bias;
+imported checkpoints such as Marian's add one to the logits
+(`output_bias=True`).
 """
 
 import math
@@ -27,6 +29,8 @@ class SharedTokenEmbedding(keras.layers.ReversibleEmbedding):
         embeddings_initializer: defaults to a normal distribution with
             standard deviation d_model^-0.5, which with the sqrt(d_model)
             scaling gives embeddings of unit variance (as tensor2tensor).
+        output_bias: add a learned `(vocabulary_size,)` bias to the logits
+            (Marian's `final_logits_bias`); the paper has none.
         **kwargs: further `keras.layers.ReversibleEmbedding` arguments.
 
     Call arguments:
@@ -49,6 +53,7 @@ class SharedTokenEmbedding(keras.layers.ReversibleEmbedding):
         d_model,
         scale_embeddings=True,
         embeddings_initializer=None,
+        output_bias=False,
         **kwargs,
     ):
         kwargs.pop("input_dim", None)
@@ -64,6 +69,15 @@ class SharedTokenEmbedding(keras.layers.ReversibleEmbedding):
             **kwargs,
         )
         self.scale_embeddings = scale_embeddings
+        self.output_bias = bool(output_bias)
+
+    def build(self, inputs_shape=None):
+        super().build(inputs_shape)
+        self.logits_bias = None
+        if self.output_bias:
+            self.logits_bias = self.add_weight(
+                shape=(self.input_dim,), initializer="zeros", name="logits_bias"
+            )
 
     @property
     def vocabulary_size(self):
@@ -73,9 +87,21 @@ class SharedTokenEmbedding(keras.layers.ReversibleEmbedding):
     def d_model(self):
         return self.output_dim
 
+    @property
+    def variable_serialization_spec(self):
+        # Keras saves an embedding's variables by this list: the logits bias
+        # goes after the embeddings (in every quantization mode).
+        spec = super().variable_serialization_spec
+        if self.output_bias:
+            spec = {mode: [*names, "logits_bias"] for mode, names in spec.items()}
+        return spec
+
     def call(self, inputs, reverse=False):
         if reverse:
-            return super().call(inputs, reverse=True)
+            logits = super().call(inputs, reverse=True)
+            if self.logits_bias is not None:
+                logits = logits + ops.cast(self.logits_bias, logits.dtype)
+            return logits
         dtype = keras.backend.standardize_dtype(inputs.dtype)
         if "int" not in dtype:
             raise TypeError(
@@ -96,6 +122,7 @@ class SharedTokenEmbedding(keras.layers.ReversibleEmbedding):
                 "vocabulary_size": self.input_dim,
                 "d_model": self.output_dim,
                 "scale_embeddings": self.scale_embeddings,
+                "output_bias": self.output_bias,
             }
         )
         return config

@@ -9,7 +9,10 @@ this package takes:
   `TransformerSeq2SeqLM.from_preset("transformer_multi30k_en_de")`;
 - a local directory written by `save_to_preset`;
 - any handle keras-hub understands: `kaggle://owner/model/keras/variant`,
-  `hf://owner/model`, `gs://...` (upload one with `keras_hub.upload_preset`).
+  `hf://owner/model`, `gs://...` (upload one with `keras_hub.upload_preset`);
+- a Marian (opus-mt) checkpoint as transformers saves it, in a directory or
+  as an `hf://` handle such as `hf://Helsinki-NLP/opus-mt-en-de`, converted
+  on loading (`keras_transformer.convert.marian`).
 
 `list_presets()` returns the shipped presets with their description, size and
 scores; `keras-transformer presets` prints them.
@@ -433,8 +436,21 @@ class PresetIO:
 
     @classmethod
     def from_preset(cls, preset, *args, **kwargs):
+        # keras-hub's loader has no public hook for another checkpoint
+        # format (it raises "no converter" for Marian), so Marian
+        # directories and hf:// handles are converted here.
+        from keras_transformer.convert import marian
+
+        if not args and marian.is_marian(preset):
+            return marian.from_preset(cls, os.fspath(preset), **kwargs)
         check(preset, cls.preset_needs, kwargs.get("load_weights", True))
-        return super().from_preset(resolve(os.fspath(preset)), *args, **kwargs)
+        loaded = super().from_preset(resolve(os.fspath(preset)), *args, **kwargs)
+        if getattr(loaded, "_compile_defaults_after_loading", False):
+            # keras-hub compiles a task when it builds it, before it loads
+            # the tokenizer's vocabulary: the default loss must ignore the
+            # vocabulary's padding id, known only now.
+            loaded.compile()
+        return loaded
 
     def save_to_preset(self, preset_dir, *args, metadata=None, **kwargs):
         import keras_hub

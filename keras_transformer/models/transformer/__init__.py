@@ -1,4 +1,5 @@
 from keras_transformer.models.transformer.backbone import TransformerBackbone
+from keras_transformer.models.transformer.marian_tokenizer import MarianTokenizer
 from keras_transformer.models.transformer.presets import CONFIGS
 from keras_transformer.models.transformer.presets import PAPER_CONFIGS
 from keras_transformer.models.transformer.presets import PAPER_TABLE3
@@ -7,6 +8,8 @@ from keras_transformer.models.transformer.seq2seq_lm import TransformerSeq2SeqLM
 from keras_transformer.models.transformer.seq2seq_lm_preprocessor import (
     TransformerSeq2SeqLMPreprocessor,
 )
+from keras_transformer.models.transformer.special_tokens import SpecialTokenIds
+from keras_transformer.models.transformer.special_tokens import special_token_ids
 from keras_transformer.models.transformer.tokenizer import TransformerTokenizer
 from keras_transformer.models.transformer.tokenizer import TransformerWordPieceTokenizer
 from keras_transformer.models.transformer.tokenizer import train_tokenizer

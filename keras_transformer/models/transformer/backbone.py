@@ -50,6 +50,11 @@ class TransformerBackbone(PresetIO, keras_hub.models.Backbone):
         normalize_first: pre-norm layers (with a final LayerNorm after each
             stack) instead of the paper's post-norm.
         layer_norm_epsilon: epsilon of every LayerNorm.
+        activation: the feed-forward non-linearity (the paper: `"relu"`;
+            Marian's opus-mt models: `"silu"`, also called swish).
+        scale_embeddings: multiply embeddings by sqrt(d_model) (section 3.4).
+        output_bias: a learned bias added to the logits (Marian's
+            `final_logits_bias`; the paper has none).
         dtype: dtype policy of the model, such as `"mixed_bfloat16"`.
         **kwargs: `keras_hub.models.Backbone` arguments (`name`...).
 
@@ -97,6 +102,9 @@ class TransformerBackbone(PresetIO, keras_hub.models.Backbone):
         max_sequence_length=1024,
         normalize_first=False,
         layer_norm_epsilon=1e-5,
+        activation="relu",
+        scale_embeddings=True,
+        output_bias=False,
         dtype=None,
         **kwargs,
     ):
@@ -113,7 +121,12 @@ class TransformerBackbone(PresetIO, keras_hub.models.Backbone):
             )
         # === Layers ===
         self.token_embedding = SharedTokenEmbedding(
-            vocabulary_size, d_model, dtype=dtype, name="token_embedding"
+            vocabulary_size,
+            d_model,
+            scale_embeddings=scale_embeddings,
+            output_bias=output_bias,
+            dtype=dtype,
+            name="token_embedding",
         )
         if position_encoding == "sinusoidal":
             # The sinusoids have no weights: one layer serves both stacks.
@@ -139,6 +152,7 @@ class TransformerBackbone(PresetIO, keras_hub.models.Backbone):
             attention_dropout=attention_dropout,
             normalize_first=normalize_first,
             layer_norm_epsilon=layer_norm_epsilon,
+            activation=activation,
             dtype=dtype,
         )
         self.encoder_layers = [
@@ -196,6 +210,9 @@ class TransformerBackbone(PresetIO, keras_hub.models.Backbone):
         self.max_sequence_length = max_sequence_length
         self.normalize_first = normalize_first
         self.layer_norm_epsilon = layer_norm_epsilon
+        self.activation = keras.activations.serialize(keras.activations.get(activation))
+        self.scale_embeddings = scale_embeddings
+        self.output_bias = output_bias
 
     def call(self, inputs, training=None, mask=None):
         _check_inputs(inputs)
@@ -276,6 +293,9 @@ class TransformerBackbone(PresetIO, keras_hub.models.Backbone):
                 "max_sequence_length": self.max_sequence_length,
                 "normalize_first": self.normalize_first,
                 "layer_norm_epsilon": self.layer_norm_epsilon,
+                "activation": self.activation,
+                "scale_embeddings": self.scale_embeddings,
+                "output_bias": self.output_bias,
             }
         )
         return config

@@ -6,7 +6,7 @@ import keras_hub
 import numpy as np
 from keras import ops
 
-from keras_transformer.decoding.beam import _special_ids
+from keras_transformer.decoding.beam import LENGTH_PENALTIES
 from keras_transformer.decoding.beam import beam_search
 from keras_transformer.decoding.beam import pad_sources
 from keras_transformer.losses import LabelSmoothedCrossEntropy
@@ -14,6 +14,7 @@ from keras_transformer.models.transformer.backbone import TransformerBackbone
 from keras_transformer.models.transformer.seq2seq_lm_preprocessor import (
     TransformerSeq2SeqLMPreprocessor,
 )
+from keras_transformer.models.transformer.special_tokens import special_token_ids
 from keras_transformer.presets import PresetIO
 from keras_transformer.schedules import paper_optimizer
 
@@ -53,6 +54,7 @@ class TransformerSeq2SeqLM(PresetIO, keras_hub.models.Seq2SeqLM):
 
     backbone_cls = TransformerBackbone
     preprocessor_cls = TransformerSeq2SeqLMPreprocessor
+    _compile_defaults_after_loading = True
 
     def __init__(self, backbone, preprocessor=None, **kwargs):
         # === Layers ===
@@ -140,10 +142,14 @@ class TransformerSeq2SeqLM(PresetIO, keras_hub.models.Seq2SeqLM):
         return super().train_step(*args, **kwargs)
 
     @property
+    def special_token_ids(self):
+        """The `SpecialTokenIds` (pad, start, end, unk, source start) of the
+        preprocessor's tokenizer; this package's defaults without one."""
+        return special_token_ids(getattr(self.preprocessor, "tokenizer", None))
+
+    @property
     def _pad_id(self):
-        tokenizer = getattr(self.preprocessor, "tokenizer", None)
-        pad_id = getattr(tokenizer, "pad_token_id", None)
-        return 0 if pad_id is None else pad_id
+        return self.special_token_ids.pad
 
     # === Incremental decoding (section 6.1) ===
 
@@ -222,7 +228,7 @@ class TransformerSeq2SeqLM(PresetIO, keras_hub.models.Seq2SeqLM):
         """`(vocabulary_size,)` float32: `-inf` for the tokens that decoding
         never outputs (padding and start), 0 for the others."""
         bias = np.zeros(self.backbone.vocabulary_size, "float32")
-        bias[list(_special_ids(self)[:2])] = -np.inf
+        bias[self.special_token_ids.never_output] = -np.inf
         return bias
 
     def decoding_functions(self):
@@ -348,7 +354,8 @@ class TransformerSeq2SeqLM(PresetIO, keras_hub.models.Seq2SeqLM):
         if getattr(self, "sampler", None) is not sampler:
             self.sampler, self.generate_function = sampler, None
         generate_function = self.make_generate_function()
-        pad_id, start_id, end_id = _special_ids(self)
+        special = self.special_token_ids
+        pad_id, start_id, end_id = special.pad, special.start, special.end
         limit = self.backbone.max_sequence_length
         outputs = [[] for _ in sources]
         rows = [i for i, ids in enumerate(sources) if ids]
@@ -361,11 +368,14 @@ class TransformerSeq2SeqLM(PresetIO, keras_hub.models.Seq2SeqLM):
             max_length = min(_round_up(max(budgets[i] for i in batch) + 1, 8), limit)
             prompt = np.full((len(batch), max_length), pad_id, "int32")
             prompt[:, 0] = start_id
+            # The prompt is the start token (which may be the padding id).
+            prompt_mask = np.zeros(prompt.shape, bool)
+            prompt_mask[:, 0] = True
             inputs = {
                 "encoder_token_ids": encoder_ids,
                 "encoder_padding_mask": encoder_mask,
                 "decoder_token_ids": prompt,
-                "decoder_padding_mask": prompt != pad_id,
+                "decoder_padding_mask": prompt_mask,
             }
             generated = generate_function(inputs, stop_token_ids=(end_id,))
             ids = ops.convert_to_numpy(generated["decoder_token_ids"])
@@ -386,6 +396,7 @@ class TransformerSeq2SeqLM(PresetIO, keras_hub.models.Seq2SeqLM):
         return_scores=False,
         batch_size=32,
         verbose=0,
+        length_penalty="gnmt",
     ):
         """Translates sources with the key/value cache (section 6.1).
 
@@ -409,6 +420,10 @@ class TransformerSeq2SeqLM(PresetIO, keras_hub.models.Seq2SeqLM):
             batch_size: sources translated together; sources of similar
                 length are batched together.
             verbose: 1 shows a progress bar (Keras's), 0 nothing.
+            length_penalty: how beam search divides log P by the length:
+                `"gnmt"` (the paper's, ((5 + |Y|) / 6) ** alpha) or
+                `"length"` (|Y| ** alpha, as Hugging Face transformers and
+                Marian rank hypotheses).
 
         Returns:
             For string inputs, strings; for token ids, lists of ids. With
@@ -430,6 +445,8 @@ class TransformerSeq2SeqLM(PresetIO, keras_hub.models.Seq2SeqLM):
             if num_results > 1:
                 raise ValueError(f"Greedy decoding gives one result; num_results={num_results} needs sampler='beam'.")
             beam_size, alpha = 1, 0.0
+        if length_penalty not in LENGTH_PENALTIES:
+            raise ValueError(f"Unknown length_penalty {length_penalty!r}; expected one of {LENGTH_PENALTIES}.")
         if num_results > beam_size:
             raise ValueError(f"num_results={num_results} needs beam_size >= {num_results}.")
         if isinstance(inputs, dict) and set(inputs) == {"encoder_text"}:  # as `fit` takes them
@@ -468,6 +485,7 @@ class TransformerSeq2SeqLM(PresetIO, keras_hub.models.Seq2SeqLM):
             found = beam_search(
                 self, [sources[i] for i in batch], beam_size=beam_size, alpha=alpha,
                 max_length_offset=max_length_offset, num_results=num_results,
+                length_penalty=length_penalty,
             )
             for i, result in zip(batch, found):
                 results[i] = result
@@ -489,32 +507,14 @@ class TransformerSeq2SeqLM(PresetIO, keras_hub.models.Seq2SeqLM):
         return self.preprocessor.tokenizer
 
     def _tokenize_sources(self, texts):
-        """Token ids `<s> ... </s>` of each source; [] for an empty text."""
-        tokenizer = self._require_tokenizer()
-        start, end = tokenizer.start_token_id, tokenizer.end_token_id
-        limit = self.backbone.max_sequence_length
-        sources = []
-        for text in texts:
-            if not text.strip():
-                sources.append([])
-                continue
-            ids = [start, *np.asarray(tokenizer.tokenize(text)).tolist(), end]
-            if len(ids) > limit:
-                raise ValueError(
-                    f"A source of {len(ids)} tokens is longer than the model's "
-                    f"max_sequence_length={limit}: {text[:60]!r}... Split the text "
-                    "into sentences first."
-                )
-            sources.append(ids)
-        return sources
+        """Framed token ids of each source (see the preprocessor's
+        `generate_preprocess`); [] for an empty text."""
+        self._require_tokenizer()
+        return self.preprocessor.generate_preprocess(texts, self.backbone.max_sequence_length)
 
     def _detokenize(self, ids):
-        tokenizer = self._require_tokenizer()
-        text = tokenizer.detokenize([ids]) if ids else [""]
-        text = text[0] if not isinstance(text, str) else text
-        if hasattr(text, "numpy"):
-            text = text.numpy()
-        return text.decode("utf-8") if isinstance(text, bytes) else str(text)
+        self._require_tokenizer()
+        return self.preprocessor.generate_postprocess([ids])[0]
 
 
 def _as_texts(inputs):

@@ -2,9 +2,16 @@
 
 import keras
 import keras_hub
+import numpy as np
+from keras_hub.layers import StartEndPacker
+
+# keras-hub's decorator that runs a preprocessing call in TensorFlow and
+# converts its outputs for the backend (as its own preprocessors do).
+from keras_hub.src.utils.tensor_utils import preprocessing_function
 
 from keras_transformer.models.transformer.backbone import INPUT_NAMES
 from keras_transformer.models.transformer.backbone import TransformerBackbone
+from keras_transformer.models.transformer.special_tokens import special_token_ids
 from keras_transformer.models.transformer.tokenizer import TransformerTokenizer
 from keras_transformer.presets import PresetIO
 
@@ -13,15 +20,21 @@ from keras_transformer.presets import PresetIO
 class TransformerSeq2SeqLMPreprocessor(PresetIO, keras_hub.models.Seq2SeqLMPreprocessor):
     """Tokenizes source/target pairs for `TransformerSeq2SeqLM`.
 
-    The source becomes `<s> source </s>`, padded to `encoder_sequence_length`;
-    the target `<s> target </s>`, padded to `decoder_sequence_length + 1`, is
-    split into decoder inputs (all but the last token) and labels (all but
+    This is the one place where text is framed with special tokens (their
+    ids come from the tokenizer, see `special_token_ids`). With this
+    package's tokenizers the source becomes `<s> source </s>`, padded to
+    `encoder_sequence_length`; the target `<s> target </s>`, padded to
+    `decoder_sequence_length + 1`, is split into decoder inputs (all but the last token) and labels (all but
     the first), so that position i learns to predict token i + 1. The sample
     weights are 0 at padding.
 
     Inputs that are already token ids (a dict with `encoder_token_ids`, as
     `keras_transformer.data.token_budget_batches` makes) pass through
     unchanged, so `fit` takes raw strings and length-bucketed batches alike.
+
+    With a `MarianTokenizer` (imported opus-mt models) the source is
+    `source </s>` and the target starts from the padding id, as Marian
+    trained them; the target side is segmented with the target vocabulary.
 
     Unlike keras-hub's base class, the sequence lengths are part of
     `get_config`, so they survive saving and loading.
@@ -62,6 +75,79 @@ class TransformerSeq2SeqLMPreprocessor(PresetIO, keras_hub.models.Seq2SeqLMPrepr
             **kwargs,
         )
 
+    @property
+    def special_token_ids(self):
+        """The tokenizer's `SpecialTokenIds` (pad, start, end, unk, and the
+        source's start id or None)."""
+        return special_token_ids(self.tokenizer)
+
+    def build(self, input_shape):
+        # keras-hub's packers put the decoder's start id before sources too;
+        # some vocabularies (Marian) give sources no start token.
+        special = self.special_token_ids
+        self.encoder_packer = StartEndPacker(
+            start_value=special.source_start,
+            end_value=special.end,
+            pad_value=special.pad,
+            sequence_length=self.encoder_sequence_length,
+            return_padding_mask=True,
+        )
+        self.decoder_packer = StartEndPacker(
+            start_value=special.start,
+            end_value=special.end,
+            pad_value=special.pad,
+            sequence_length=self.decoder_sequence_length,
+            return_padding_mask=True,
+        )
+        self.built = True
+
+    def generate_preprocess(self, texts, max_length=None):
+        """Source strings to framed token id lists, as `generate` reads them.
+
+        Args:
+            texts: a list of strings.
+            max_length: the model's `max_sequence_length`; a longer source
+                is an error that names the limit.
+
+        Returns:
+            One list of ids per text (start and end tokens as the vocabulary
+            frames sources); `[]` for an empty or blank text.
+        """
+        special = self.special_token_ids
+        sources = []
+        for text in texts:
+            if not text.strip():
+                sources.append([])
+                continue
+            ids = special.frame_source(np.asarray(self.tokenizer.tokenize(text)).tolist())
+            if max_length is not None and len(ids) > max_length:
+                raise ValueError(
+                    f"A source of {len(ids)} tokens is longer than the model's "
+                    f"max_sequence_length={max_length}: {text[:60]!r}... Split the text "
+                    "into sentences first."
+                )
+            sources.append(ids)
+        return sources
+
+    def generate_postprocess(self, outputs):
+        """Output token id lists (no start or end token) to strings."""
+        return [self._detokenize_one(ids) for ids in outputs]
+
+    def target_token_ids(self, texts):
+        """Target strings to unframed piece ids (the target vocabulary's
+        segmentation where the tokenizer has one, as Marian's)."""
+        tokenize = getattr(self.tokenizer, "tokenize_target", self.tokenizer.tokenize)
+        return [np.asarray(tokenize(text)).tolist() for text in texts]
+
+    def _detokenize_one(self, ids):
+        if not len(ids):
+            return ""
+        text = self.tokenizer.detokenize([list(ids)])
+        text = text[0] if not isinstance(text, str) else text
+        if hasattr(text, "numpy"):
+            text = text.numpy()
+        return text.decode("utf-8") if isinstance(text, bytes) else str(text)
+
     def call(self, x, y=None, sample_weight=None, **kwargs):
         if isinstance(x, dict) and set(INPUT_NAMES) <= set(x):
             return keras.utils.pack_x_y_sample_weight(x, y, sample_weight)
@@ -76,7 +162,31 @@ class TransformerSeq2SeqLMPreprocessor(PresetIO, keras_hub.models.Seq2SeqLMPrepr
                 "Targets go in x['decoder_text'], not in y: the labels are the "
                 "target tokens shifted by one."
             )
+        if hasattr(self.tokenizer, "tokenize_target"):
+            return self._call_with_target_vocabulary(x, **kwargs)
         return super().call(x, y=y, sample_weight=sample_weight, **kwargs)
+
+    @preprocessing_function
+    def _call_with_target_vocabulary(self, x, encoder_sequence_length=None, decoder_sequence_length=None):
+        """keras-hub's `call`, with targets segmented by the target vocabulary."""
+        if not self.built:
+            self.build(None)
+        encoder_text, decoder_text = x["encoder_text"], x["decoder_text"]
+        encoder_ids, encoder_mask = self.encoder_packer(
+            self.tokenizer.tokenize(encoder_text),
+            sequence_length=encoder_sequence_length or self.encoder_sequence_length,
+        )
+        decoder_ids, decoder_mask = self.decoder_packer(
+            self.tokenizer.tokenize_target(decoder_text),
+            sequence_length=(decoder_sequence_length or self.decoder_sequence_length) + 1,
+        )
+        inputs = {
+            "encoder_token_ids": encoder_ids,
+            "encoder_padding_mask": encoder_mask,
+            "decoder_token_ids": decoder_ids[..., :-1],
+            "decoder_padding_mask": decoder_mask[..., :-1],
+        }
+        return keras.utils.pack_x_y_sample_weight(inputs, decoder_ids[..., 1:], decoder_mask[..., 1:])
 
     def get_config(self):
         config = super().get_config()

@@ -1,0 +1,14 @@
+"""Other checkpoint formats in and out.
+
+- `keras_transformer.convert.marian`: Marian (opus-mt) checkpoints as
+  transformers saves them. `from_preset` of every class of this package loads
+  them directly; `convert_marian` writes one as a preset of this package.
+- `export_marian`: any model of this package as a transformers Marian
+  directory (for transformers and CTranslate2).
+"""
+
+from keras_transformer.convert.export_marian import export_marian
+from keras_transformer.convert.marian import convert as convert_marian
+from keras_transformer.convert.marian import is_marian
+
+__all__ = ["convert_marian", "export_marian", "is_marian"]

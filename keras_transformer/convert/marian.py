@@ -1,0 +1,426 @@
+"""Marian (opus-mt) checkpoints in and out.
+
+Helsinki-NLP's opus-mt models are this paper's architecture: post-norm
+encoder and decoder layers, one embedding matrix shared by source, target and
+the output projection, scaled by sqrt(d_model), sinusoidal positions. What
+differs is handled here, checked against transformers' `modeling_marian.py`:
+
+- the feed-forward activation (swish/SiLU): a backbone argument;
+- `final_logits_bias`: the backbone's `output_bias`;
+- special ids: `</s>` 0, `<unk>` 1, padding the last id and the first
+  decoder input, sources without a start token: `MarianTokenizer`;
+- positions: Marian puts the sines in the first half of d_model and the
+  cosines in the second, this package interleaves them (section 3.5). The
+  residual stream is permuted instead: every weight's d_model axis is
+  reordered on the way in (and back on the way out). LayerNorm and attention
+  do not depend on the order of that axis, so the logits are the same.
+
+`load_marian_task` reads what `MarianMTModel.save_pretrained` and
+`MarianTokenizer.save_pretrained` write, from a directory or an `hf://`
+handle; `export_marian` writes any model of this package in that form, for
+transformers and for CTranslate2's `ct2-transformers-converter`.
+"""
+
+import json
+import os
+
+import numpy as np
+
+from keras_transformer.presets import PresetError
+
+CONFIG_FILE = "config.json"
+SAFETENSORS_FILE = "model.safetensors"
+PYTORCH_FILE = "pytorch_model.bin"
+TOKENIZER_CONFIG_FILE = "tokenizer_config.json"
+GENERATION_CONFIG_FILE = "generation_config.json"
+SOURCE_SPM, TARGET_SPM, VOCABULARY_JSON = "source.spm", "target.spm", "vocab.json"
+# transformers' activation names -> Keras'.
+ACTIVATIONS = {"swish": "silu", "silu": "silu", "relu": "relu", "gelu": "gelu"}
+OFFLINE_HELP = (
+    "Without network access, download the model once on a machine that has it "
+    "(`huggingface-cli download {repo} --local-dir DIR`, or `save_pretrained` of "
+    "the transformers model and tokenizer), copy DIR here and pass the directory: "
+    "`from_preset(DIR)`, `keras-transformer translate --preset DIR`."
+)
+
+
+# === Reading a Marian directory or hub handle ===
+
+
+def _fetch(preset, name, required=True):
+    """The local path of file `name` of a Marian preset (downloaded for a
+    handle), or None when an optional file is absent."""
+    preset = os.fspath(preset)
+    if "://" not in preset:
+        path = os.path.join(preset, name)
+        if os.path.isfile(path):
+            return path
+        if required:
+            raise PresetError(f"The Marian model directory {preset!r} has no {name}.")
+        return None
+    # keras-hub has no public call that fetches one file of a handle; its
+    # `get_file` downloads it into the hub's cache like the other files.
+    from keras_hub.src.utils.preset_utils import get_file
+
+    try:
+        return get_file(preset, name)
+    except Exception as error:  # the hub client's errors have no common base
+        if not required and _is_missing_file(error):
+            return None
+        repo = preset.split("://", 1)[1]
+        raise PresetError(
+            f"Could not fetch {name} of {preset!r}: {type(error).__name__}: {error}. "
+            + OFFLINE_HELP.format(repo=repo)
+        ) from error
+
+
+def _is_missing_file(error):
+    text = f"{type(error).__name__} {error}"
+    return any(word in text for word in ("EntryNotFound", "404", "does not exist", "not found"))
+
+
+def read_config(preset):
+    """The Hugging Face `config.json` of a preset, or None if it has none
+    or it is not one (a preset of this package has a keras-hub config)."""
+    preset = os.fspath(preset)
+    if "://" not in preset and not os.path.isfile(os.path.join(preset, CONFIG_FILE)):
+        return None
+    if "://" in preset and not preset.startswith("hf://"):
+        return None
+    path = _fetch(preset, CONFIG_FILE)
+    try:
+        with open(path, encoding="utf-8") as f:
+            config = json.load(f)
+    except (OSError, ValueError):
+        return None
+    return config if isinstance(config, dict) else None
+
+
+def is_marian(preset):
+    """Whether `preset` (a directory or `hf://` handle) holds a Marian
+    checkpoint as transformers saves it (`config.json` with
+    `model_type: marian`)."""
+    if not isinstance(preset, (str, os.PathLike)):
+        return False
+    config = read_config(preset)
+    return bool(config) and config.get("model_type") == "marian"
+
+
+def backbone_config(config):
+    """`TransformerBackbone` arguments for a Marian `config.json`; a clear
+    error for what the backbone cannot hold."""
+
+    def get(name, default=None):
+        return config.get(name, default)
+
+    refuse = []
+    if get("encoder_layers") != get("decoder_layers"):
+        refuse.append(f"unequal encoder and decoder depth ({get('encoder_layers')} and {get('decoder_layers')} layers)")
+    if get("encoder_ffn_dim") != get("decoder_ffn_dim"):
+        refuse.append("unequal encoder and decoder feed-forward widths")
+    if get("encoder_attention_heads") != get("decoder_attention_heads"):
+        refuse.append("unequal encoder and decoder head counts")
+    if not get("share_encoder_decoder_embeddings", True) or get("decoder_vocab_size") not in (None, get("vocab_size")):
+        refuse.append("separate source and target vocabularies")
+    if not get("tie_word_embeddings", True):
+        refuse.append("an output projection not tied to the embeddings")
+    if get("normalize_before", False) or get("add_final_layer_norm", False):
+        refuse.append("pre-norm layers")
+    activation = ACTIVATIONS.get(get("activation_function", "gelu"))
+    if activation is None:
+        refuse.append(f"the activation {get('activation_function')!r}")
+    if get("d_model", 0) % 2:
+        refuse.append("an odd d_model")
+    if refuse:
+        raise PresetError(
+            "This Marian model cannot be loaded: it has " + "; ".join(refuse) + ". The Transformer of "
+            "this package has one shared vocabulary, equal encoder and decoder stacks and post-norm layers."
+        )
+    return {
+        "vocabulary_size": get("vocab_size"),
+        "num_layers": get("encoder_layers"),
+        "d_model": get("d_model"),
+        "d_ff": get("encoder_ffn_dim"),
+        "num_heads": get("encoder_attention_heads"),
+        "dropout": get("dropout", 0.1),
+        "attention_dropout": get("attention_dropout", 0.0),
+        "max_sequence_length": get("max_position_embeddings", 512),
+        "activation": activation,
+        "scale_embeddings": bool(get("scale_embedding", False)),
+        "output_bias": True,
+    }
+
+
+def read_state_dict(preset):
+    """The checkpoint's tensors as NumPy arrays, `model.` prefixes dropped."""
+    path = _fetch(preset, SAFETENSORS_FILE, required=False)
+    if path is not None:
+        try:
+            from safetensors.numpy import load_file
+        except ImportError as error:
+            raise ImportError(
+                "Reading model.safetensors needs the safetensors package: pip install safetensors "
+                "(or pip install 'keras-aiayn[marian]')."
+            ) from error
+        tensors = load_file(path)
+    else:
+        path = _fetch(preset, PYTORCH_FILE, required=False)
+        if path is None:
+            raise PresetError(f"The Marian model {os.fspath(preset)!r} has neither {SAFETENSORS_FILE} nor {PYTORCH_FILE}.")
+        try:
+            import torch
+        except ImportError as error:
+            raise ImportError(f"Reading {PYTORCH_FILE} needs PyTorch; or convert it to {SAFETENSORS_FILE}.") from error
+        tensors = {
+            name: value.float().numpy()
+            for name, value in torch.load(path, map_location="cpu", weights_only=True).items()
+        }
+    return {name.removeprefix("model."): np.asarray(value, "float32") for name, value in tensors.items()}
+
+
+def check_tokenizer_files(preset):
+    """Refuses the opus models this package cannot tokenize."""
+    tokenizer_config = _fetch(preset, TOKENIZER_CONFIG_FILE, required=False)
+    if tokenizer_config is not None:
+        with open(tokenizer_config, encoding="utf-8") as f:
+            if json.load(f).get("separate_vocabs"):
+                raise PresetError(
+                    "This Marian model has separate source and target vocabularies "
+                    "(separate_vocabs); this package's Transformer shares one vocabulary."
+                )
+    for name in (SOURCE_SPM, TARGET_SPM, VOCABULARY_JSON):
+        try:
+            _fetch(preset, name)
+        except PresetError as error:
+            if "Could not fetch" in str(error) and not _is_missing_file(error.__cause__):
+                raise
+            raise PresetError(
+                f"The Marian model {os.fspath(preset)!r} has no {name}. Only opus-mt models with "
+                "SentencePiece vocabularies (source.spm, target.spm, vocab.json) load; the BPE-based "
+                "ones do not."
+            ) from error
+
+
+# === The d_model permutation ===
+
+
+def position_permutation(d_model):
+    """`perm` with `ours = marian[..., perm]` along a d_model axis: this
+    package's dimension 2i is Marian's i (a sine), 2i+1 is Marian's
+    d_model/2 + i (the cosine of the same frequency)."""
+    half = d_model // 2
+    perm = np.empty(d_model, "int64")
+    perm[0::2] = np.arange(half)
+    perm[1::2] = half + np.arange(half)
+    return perm
+
+
+# === Weights: Marian names <-> backbone variables ===
+
+
+def _layer_names(prefix, index, decoder):
+    """(Marian module, package layer path) pairs of one layer's parts."""
+    ours = f"{'decoder' if decoder else 'encoder'}_layer_{index}"
+    theirs = f"{'decoder' if decoder else 'encoder'}.layers.{index}"
+    pairs = [
+        (f"{theirs}.self_attn", f"{ours}/self_attention", "attention"),
+        (f"{theirs}.self_attn_layer_norm", f"{ours}/self_attention_norm", "norm"),
+        (f"{theirs}.fc1", f"{ours}/feed_forward/inner", "inner"),
+        (f"{theirs}.fc2", f"{ours}/feed_forward/output", "outer"),
+        (f"{theirs}.final_layer_norm", f"{ours}/feed_forward_norm", "norm"),
+    ]
+    if decoder:
+        pairs += [
+            (f"{theirs}.encoder_attn", f"{ours}/cross_attention", "attention"),
+            (f"{theirs}.encoder_attn_layer_norm", f"{ours}/cross_attention_norm", "norm"),
+        ]
+    return pairs
+
+
+def marian_to_backbone_weights(state, backbone):
+    """{variable path: array} for `backbone` from a Marian state dict."""
+    d, h = backbone.d_model, backbone.num_heads
+    perm = position_permutation(d)
+    embeddings = state.get("shared.weight", state.get("encoder.embed_tokens.weight"))
+    if embeddings is None:
+        raise PresetError("The Marian checkpoint has no shared embedding (model.shared.weight).")
+    for tied in ("decoder.embed_tokens.weight", "lm_head.weight"):
+        if tied in state and not np.array_equal(state[tied], embeddings):
+            raise PresetError(f"The Marian checkpoint's {tied} differs from the shared embedding: not supported.")
+    weights = {"token_embedding/embeddings": embeddings[:, perm]}
+    bias = state.get("final_logits_bias", np.zeros((1, embeddings.shape[0]), "float32"))
+    weights["token_embedding/logits_bias"] = bias.reshape(-1)
+    for decoder in (False, True):
+        for i in range(backbone.num_layers):
+            for theirs, ours, kind in _layer_names("", i, decoder):
+                weights.update(_to_ours(state, theirs, ours, kind, perm, h))
+    return weights
+
+
+def _to_ours(state, theirs, ours, kind, perm, h):
+    def take(name):
+        key = f"{theirs}.{name}"
+        if key not in state:
+            raise PresetError(f"The Marian checkpoint has no {key}: it is incomplete or not a Marian model.")
+        return state[key]
+
+    if kind == "norm":
+        return {f"{ours}/gamma": take("weight")[perm], f"{ours}/beta": take("bias")[perm]}
+    if kind == "inner":
+        return {f"{ours}/kernel": take("weight").T[perm], f"{ours}/bias": take("bias")}
+    if kind == "outer":
+        return {f"{ours}/kernel": take("weight").T[:, perm], f"{ours}/bias": take("bias")[perm]}
+    out = {}
+    for name, dense in (("q_proj", "query"), ("k_proj", "key"), ("v_proj", "value")):
+        kernel, bias = take(f"{name}.weight"), take(f"{name}.bias")
+        out[f"{ours}/{dense}/kernel"] = kernel.T[perm].reshape(len(perm), h, -1)
+        out[f"{ours}/{dense}/bias"] = bias.reshape(h, -1)
+    kernel = take("out_proj.weight")
+    out[f"{ours}/attention_output/kernel"] = kernel.T.reshape(h, -1, len(perm))[..., perm]
+    out[f"{ours}/attention_output/bias"] = take("out_proj.bias")[perm]
+    return out
+
+
+def backbone_to_marian_weights(backbone):
+    """A Marian state dict (NumPy arrays, transformers' names) of `backbone`."""
+    values = {v.path: np.asarray(v.numpy() if hasattr(v, "numpy") else v, "float32") for v in backbone.weights}
+    d = backbone.d_model
+    inverse = np.argsort(position_permutation(d))
+    embeddings = values["token_embedding/embeddings"][:, inverse]
+    bias = values.get("token_embedding/logits_bias", np.zeros(embeddings.shape[0], "float32"))
+    state = {
+        "model.shared.weight": embeddings,
+        "model.encoder.embed_tokens.weight": embeddings,
+        "model.decoder.embed_tokens.weight": embeddings,
+        "lm_head.weight": embeddings,
+        "final_logits_bias": bias.reshape(1, -1),
+    }
+    for decoder in (False, True):
+        for i in range(backbone.num_layers):
+            for theirs, ours, kind in _layer_names("", i, decoder):
+                state.update(_to_theirs(values, f"model.{theirs}", ours, kind, inverse))
+    return {name: np.ascontiguousarray(value, "float32") for name, value in state.items()}
+
+
+def _to_theirs(values, theirs, ours, kind, inverse):
+    if kind == "norm":
+        return {f"{theirs}.weight": values[f"{ours}/gamma"][inverse], f"{theirs}.bias": values[f"{ours}/beta"][inverse]}
+    if kind == "inner":
+        return {f"{theirs}.weight": values[f"{ours}/kernel"][inverse].T, f"{theirs}.bias": values[f"{ours}/bias"]}
+    if kind == "outer":
+        return {
+            f"{theirs}.weight": values[f"{ours}/kernel"][:, inverse].T,
+            f"{theirs}.bias": values[f"{ours}/bias"][inverse],
+        }
+    out = {}
+    d = len(inverse)
+    for name, dense in (("q_proj", "query"), ("k_proj", "key"), ("v_proj", "value")):
+        kernel = values[f"{ours}/{dense}/kernel"].reshape(d, -1)
+        out[f"{theirs}.{name}.weight"] = kernel[inverse].T
+        out[f"{theirs}.{name}.bias"] = values[f"{ours}/{dense}/bias"].reshape(-1)
+    kernel = values[f"{ours}/attention_output/kernel"]
+    out[f"{theirs}.out_proj.weight"] = kernel.reshape(-1, d)[:, inverse].T
+    out[f"{theirs}.out_proj.bias"] = values[f"{ours}/attention_output/bias"][inverse]
+    return out
+
+
+# === Building this package's objects ===
+
+
+def load_tokenizer(preset):
+    """A `MarianTokenizer` from a Marian directory or handle."""
+    from keras_transformer.models.transformer.marian_tokenizer import MarianTokenizer
+
+    check_tokenizer_files(preset)
+    try:
+        return MarianTokenizer(*(_fetch(preset, name) for name in (SOURCE_SPM, TARGET_SPM, VOCABULARY_JSON)))
+    except (ValueError, RuntimeError, OSError) as error:
+        raise PresetError(f"The tokenizer files of {os.fspath(preset)!r} cannot be read: {error}") from error
+
+
+def load_backbone(preset, load_weights=True, dtype=None, config=None):
+    """A `TransformerBackbone` holding a Marian checkpoint."""
+    from keras_transformer.models.transformer.backbone import TransformerBackbone
+
+    config = config or read_config(preset)
+    backbone = TransformerBackbone(**backbone_config(config), dtype=dtype)
+    if load_weights:
+        weights = marian_to_backbone_weights(read_state_dict(preset), backbone)
+        for variable in backbone.weights:
+            value = weights.get(variable.path)
+            if value is None or tuple(value.shape) != tuple(variable.shape):
+                found = None if value is None else tuple(value.shape)
+                raise PresetError(
+                    f"The Marian checkpoint does not fit its config.json: {variable.path} should have shape "
+                    f"{tuple(variable.shape)}, the checkpoint gives {found}."
+                )
+            variable.assign(value)
+    return backbone
+
+
+def load_preprocessor(preset, tokenizer=None, config=None):
+    from keras_transformer.models.transformer.seq2seq_lm_preprocessor import TransformerSeq2SeqLMPreprocessor
+
+    config = config or read_config(preset)
+    tokenizer = tokenizer or load_tokenizer(preset)
+    _check_special_ids(config, tokenizer)
+    length = min(config.get("max_position_embeddings", 512), 256)
+    return TransformerSeq2SeqLMPreprocessor(tokenizer, encoder_sequence_length=length, decoder_sequence_length=length)
+
+
+def _check_special_ids(config, tokenizer):
+    """The config's ids must be the vocabulary's, as transformers uses them."""
+    expected = {
+        "pad_token_id": tokenizer.pad_token_id,
+        "eos_token_id": tokenizer.end_token_id,
+        "decoder_start_token_id": tokenizer.pad_token_id,
+    }
+    wrong = {key: (config[key], value) for key, value in expected.items() if config.get(key, value) != value}
+    if wrong:
+        raise PresetError(
+            f"The Marian config.json's special ids do not match vocab.json: {wrong} (config, vocab.json). "
+            "Decoding would start or stop at the wrong token."
+        )
+    if config.get("vocab_size") != tokenizer.vocabulary_size():
+        raise PresetError(
+            f"The Marian config.json has vocab_size={config.get('vocab_size')} but vocab.json has "
+            f"{tokenizer.vocabulary_size()} ids: the vocabulary does not belong to this model."
+        )
+
+
+def load_task(preset, load_weights=True, dtype=None):
+    """A `TransformerSeq2SeqLM` (backbone, preprocessor and tokenizer) from
+    a Marian directory or handle."""
+    from keras_transformer.models.transformer.seq2seq_lm import TransformerSeq2SeqLM
+
+    config = read_config(preset)
+    preprocessor = load_preprocessor(preset, config=config)
+    backbone = load_backbone(preset, load_weights=load_weights, dtype=dtype, config=config)
+    return TransformerSeq2SeqLM(backbone, preprocessor)
+
+
+def from_preset(cls, preset, load_weights=True, **kwargs):
+    """What `cls.from_preset(preset)` returns for a Marian preset, by the
+    keras-hub role of `cls` (backbone, tokenizer, preprocessor or task)."""
+    import keras_hub
+
+    if issubclass(cls, keras_hub.models.Task):
+        return load_task(preset, load_weights=load_weights, dtype=kwargs.get("dtype"))
+    if issubclass(cls, keras_hub.models.Backbone):
+        return load_backbone(preset, load_weights=load_weights, dtype=kwargs.get("dtype"))
+    if issubclass(cls, keras_hub.models.Preprocessor):
+        return load_preprocessor(preset)
+    return load_tokenizer(preset)
+
+
+def convert(source, preset_dir):
+    """Converts a Marian checkpoint (directory or `hf://` handle) into a
+    preset of this package at `preset_dir` (`keras-transformer convert`)."""
+    if not is_marian(source):
+        raise PresetError(
+            f"{os.fspath(source)!r} is not a Marian checkpoint: it needs a config.json with "
+            "model_type 'marian', as transformers' MarianMTModel.save_pretrained writes."
+        )
+    model = load_task(source)
+    model.save_to_preset(preset_dir, metadata={"converted_from": os.fspath(source), "source_format": "marian"})
+    return model

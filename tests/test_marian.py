@@ -1,0 +1,239 @@
+"""Marian (opus-mt) checkpoints: loaded and written, checked against
+transformers' own outputs on a tiny random model that transformers builds."""
+
+import json
+import os
+import shutil
+
+import keras
+import numpy as np
+import pytest
+
+transformers = pytest.importorskip("transformers")
+torch = pytest.importorskip("torch")
+
+from marian_fixture import save_tiny_marian  # noqa: E402
+
+from keras_transformer.presets import PresetError  # noqa: E402
+
+TEXTS = [
+    "A man rides a bicycle down the street.",
+    ">>de<< Two dogs are playing in the snow!",
+    "Hi",
+    "A little girl in a pink dress is climbing the stairs of a wooden playhouse.",
+    "People.",
+    "An older woman sits on a bench, reading.",
+]
+
+
+@pytest.fixture(scope="module")
+def marian_dir(tmp_path_factory, multi30k_train):
+    sources, targets = multi30k_train
+    directory = str(tmp_path_factory.mktemp("marian"))
+    save_tiny_marian(directory, sources[:3000], targets[:3000], calibration_texts=TEXTS, max_new_tokens=30)
+    return directory
+
+
+@pytest.fixture(scope="module")
+def hf(marian_dir):
+    model = transformers.MarianMTModel.from_pretrained(marian_dir).eval()
+    return model, transformers.MarianTokenizer.from_pretrained(marian_dir)
+
+
+@pytest.fixture(scope="module")
+def ours(marian_dir):
+    from keras_transformer.models import TransformerSeq2SeqLM
+
+    return TransformerSeq2SeqLM.from_preset(marian_dir)
+
+
+def _hf_generate(model, ids, **kwargs):
+    """transformers' decoding of one source's ids, without the start token
+    and the end token."""
+    with torch.no_grad():
+        out = model.generate(torch.tensor([ids]), forced_eos_token_id=None, do_sample=False, **kwargs)[0].tolist()
+    out = out[1:]
+    return out[: out.index(model.config.eos_token_id)] if model.config.eos_token_id in out else out
+
+
+def test_tokenizer_matches_transformers(ours, hf):
+    _, tokenizer = hf
+    preprocessor = ours.preprocessor
+    # Sources: source.spm, ids from vocab.json, </s> only, >>de<< one token.
+    assert preprocessor.generate_preprocess(TEXTS) == [tokenizer(text).input_ids for text in TEXTS]
+    targets = ["Ein Mann fährt Fahrrad.", "Zwei Hunde spielen im Schnee."]
+    assert preprocessor.target_token_ids(targets) == [tokenizer(text_target=t).input_ids[:-1] for t in targets]
+    ids = [tokenizer(text_target=t).input_ids[:-1] for t in targets] + [tokenizer(TEXTS[1]).input_ids[:-1]]
+    assert preprocessor.generate_postprocess(ids) == tokenizer.batch_decode(ids, skip_special_tokens=True)
+    special = ours.special_token_ids
+    assert (special.end, special.unk, special.pad, special.start, special.source_start) == (
+        0, 1, ours.backbone.vocabulary_size - 1, ours.backbone.vocabulary_size - 1, None,
+    )
+
+
+def test_logits_match_transformers_on_padded_batches(ours, hf):
+    model, tokenizer = hf
+    batch = tokenizer(TEXTS, text_target=[t[::-1] for t in TEXTS], padding=True, return_tensors="np")
+    pad = model.config.pad_token_id
+    labels = np.where(batch["labels"] == -100, pad, batch["labels"])
+    decoder_ids = np.concatenate([np.full((len(TEXTS), 1), pad), labels[:, :-1]], axis=1).astype("int32")
+    decoder_mask = np.concatenate([np.ones((len(TEXTS), 1)), labels[:, :-1] != pad], axis=1).astype("int32")
+    inputs = {
+        "encoder_token_ids": batch["input_ids"].astype("int32"),
+        "encoder_padding_mask": batch["attention_mask"].astype("int32"),
+        "decoder_token_ids": decoder_ids,
+        "decoder_padding_mask": decoder_mask,
+    }
+    logits = keras.ops.convert_to_numpy(ours(inputs))
+    with torch.no_grad():
+        expected = model(
+            input_ids=torch.tensor(inputs["encoder_token_ids"]).long(),
+            attention_mask=torch.tensor(inputs["encoder_padding_mask"]),
+            decoder_input_ids=torch.tensor(decoder_ids).long(),
+            decoder_attention_mask=torch.tensor(decoder_mask),
+        ).logits.numpy()
+    real = decoder_mask.astype(bool)
+    assert np.abs(logits - expected)[real].max() < 1e-4
+    assert np.abs(expected[real]).max() > 1.0  # not trivially small
+
+
+def test_greedy_and_beam_search_match_transformers(ours, hf):
+    model, tokenizer = hf
+    pad, offset = model.config.pad_token_id, 30
+    sources = ours.preprocessor.generate_preprocess(TEXTS)
+    greedy = ours.generate({"encoder_token_ids": _pad(sources, pad), "encoder_padding_mask": _mask(sources)},
+                           sampler="greedy", max_length_offset=offset)
+    beam = ours.generate({"encoder_token_ids": _pad(sources, pad), "encoder_padding_mask": _mask(sources)},
+                         beam_size=4, alpha=1.0, length_penalty="length", max_length_offset=offset)
+    ended = 0
+    for ids, ours_greedy, ours_beam in zip(sources, greedy, beam):
+        budget = len(ids) + offset
+        assert ours_greedy == _hf_generate(model, ids, num_beams=1, max_new_tokens=budget, bad_words_ids=[[pad]])
+        assert ours_beam == _hf_generate(
+            model, ids, num_beams=4, length_penalty=1.0, max_new_tokens=budget, bad_words_ids=[[pad]]
+        )
+        ended += len(ours_greedy) < budget
+    assert 0 < ended < len(TEXTS), [len(g) for g in greedy]  # outputs that end, and outputs cut at the limit
+    strings = ours.generate(TEXTS, sampler="greedy", max_length_offset=offset)
+    assert strings == tokenizer.batch_decode(greedy, skip_special_tokens=True)
+
+
+def _pad(sources, pad):
+    ids = np.full((len(sources), max(map(len, sources))), pad, "int32")
+    for row, source in enumerate(sources):
+        ids[row, : len(source)] = source
+    return ids
+
+
+def _mask(sources):
+    return (np.arange(max(map(len, sources)))[None, :] < np.array([[len(s)] for s in sources])).astype("int32")
+
+
+def test_convert_fine_tune_save_and_load(ours, marian_dir, tmp_path):
+    from keras_transformer.cli import main
+    from keras_transformer.models import TransformerBackbone
+    from keras_transformer.models import TransformerSeq2SeqLM
+
+    preset = str(tmp_path / "preset")
+    main(["convert", marian_dir, preset])
+    converted = TransformerSeq2SeqLM.from_preset(preset)
+    assert converted.generate(TEXTS[:3], sampler="greedy") == ours.generate(TEXTS[:3], sampler="greedy")
+    backbone = TransformerBackbone.from_preset(marian_dir)
+    assert backbone.activation == "silu" and backbone.output_bias
+
+    # Marian framing: sources end with </s> and have no start token; the
+    # decoder starts from the padding id; targets use target.spm.
+    pairs = {"encoder_text": TEXTS[:4], "decoder_text": ["Ein Mann.", "Zwei Hunde.", "Hallo", "Ein Mädchen."]}
+    x, y, _ = converted.preprocessor(pairs)
+    special = converted.special_token_ids
+    first = keras.ops.convert_to_numpy(x["encoder_token_ids"])[0].tolist()
+    assert first[: len(first) - first[::-1].index(special.end)] == converted.preprocessor.generate_preprocess(TEXTS[:1])[0]
+    assert keras.ops.convert_to_numpy(x["decoder_token_ids"])[:, 0].tolist() == [special.pad] * 4
+    target = converted.preprocessor.target_token_ids(["Ein Mann."])[0] + [special.end]
+    assert keras.ops.convert_to_numpy(y)[0, : len(target)].tolist() == target
+
+    before = [v.numpy().copy() for v in converted.backbone.trainable_variables[:2]]
+    converted.compile(warmup_steps=1)
+    history = converted.fit(pairs, batch_size=4, epochs=1, verbose=0)
+    assert np.isfinite(history.history["loss"][0])
+    assert any(not np.allclose(b, v.numpy()) for b, v in zip(before, converted.backbone.trainable_variables[:2]))
+
+
+def test_unsupported_marian_models_are_refused(marian_dir, tmp_path):
+    from keras_transformer.models import TransformerSeq2SeqLM
+
+    def variant(name, edit):
+        directory = tmp_path / name
+        shutil.copytree(marian_dir, directory)
+        edit(str(directory))
+        return str(directory)
+
+    def set_config(directory, **changes):
+        path = os.path.join(directory, "config.json")
+        with open(path) as f:
+            config = json.load(f)
+        config.update(changes)
+        with open(path, "w") as f:
+            json.dump(config, f)
+
+    deeper = variant("depth", lambda d: set_config(d, decoder_layers=3))
+    with pytest.raises(PresetError, match="unequal encoder and decoder depth"):
+        TransformerSeq2SeqLM.from_preset(deeper)
+
+    def separate(directory):
+        path = os.path.join(directory, "tokenizer_config.json")
+        with open(path) as f:
+            config = json.load(f)
+        with open(path, "w") as f:
+            json.dump({**config, "separate_vocabs": True}, f)
+
+    with pytest.raises(PresetError, match="separate source and target vocabularies"):
+        TransformerSeq2SeqLM.from_preset(variant("separate", separate))
+    with pytest.raises(PresetError, match="BPE"):
+        TransformerSeq2SeqLM.from_preset(variant("bpe", lambda d: os.remove(os.path.join(d, "source.spm"))))
+
+
+def test_hub_handle_offline_says_how_to_work_offline(monkeypatch, tmp_path):
+    huggingface_hub = pytest.importorskip("huggingface_hub")
+    from keras_transformer.models import TransformerSeq2SeqLM
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_HOME", str(tmp_path))
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    with pytest.raises(PresetError, match="download the model once"):
+        TransformerSeq2SeqLM.from_preset("hf://Helsinki-NLP/opus-mt-en-de")
+
+
+def test_export_marian_of_the_shipped_preset_translates_as_this_package(multi30k_dir, tmp_path):
+    from keras_transformer.convert import export_marian
+    from keras_transformer.datasets import multi30k
+    from keras_transformer.models import TransformerSeq2SeqLM
+
+    ours = TransformerSeq2SeqLM.from_preset("transformer_multi30k_en_de")
+    directory = export_marian(ours, str(tmp_path / "marian"))
+    model = transformers.MarianMTModel.from_pretrained(directory).eval()
+    tokenizer = transformers.MarianTokenizer.from_pretrained(directory)
+    sources, _ = multi30k.load("test_2016_flickr", "en", "de", data_dir=multi30k_dir)
+    sources = sources[:20]
+    expected = ours.generate(sources, sampler="greedy")
+    special = ours.special_token_ids
+    bad_words = [[token] for token in special.never_output]
+    for source, translation in zip(sources, expected):
+        # transformers' tokenizer adds </s> only: this package's models read <s> first.
+        ids = [model.config.bos_token_id, *tokenizer(source).input_ids]
+        out = _hf_generate(model, ids, num_beams=1, max_new_tokens=len(ids) + 50, bad_words_ids=bad_words)
+        assert tokenizer.decode(out, skip_special_tokens=True) == translation
+
+
+@pytest.mark.skipif(keras.config.backend() != "tensorflow", reason="the SavedModel export runs in TensorFlow")
+def test_converted_model_exports_a_saved_model(ours, tmp_path):
+    import tensorflow as tf
+
+    from keras_transformer.export import export_saved_model
+
+    export_saved_model(ours, str(tmp_path / "saved"), beam_size=2, alpha=0.6, max_length_offset=10)
+    translator = tf.saved_model.load(str(tmp_path / "saved"))
+    outputs = translator.signatures["serving_default"](tf.constant(TEXTS))["translations"].numpy()
+    expected = ours.generate(TEXTS, beam_size=2, alpha=0.6, max_length_offset=10)
+    assert [text.decode("utf-8") for text in outputs] == expected
