@@ -206,6 +206,8 @@ def test_hub_handle_offline_says_how_to_work_offline(monkeypatch, tmp_path):
 
 
 def test_export_marian_of_the_shipped_preset_translates_as_this_package(multi30k_dir, tmp_path):
+    """The written-out directory: transformers (greedy), CTranslate2's
+    converter and this package's own import all translate as the preset."""
     from keras_transformer.convert import export_marian
     from keras_transformer.datasets import multi30k
     from keras_transformer.models import TransformerSeq2SeqLM
@@ -214,16 +216,25 @@ def test_export_marian_of_the_shipped_preset_translates_as_this_package(multi30k
     directory = export_marian(ours, str(tmp_path / "marian"))
     model = transformers.MarianMTModel.from_pretrained(directory).eval()
     tokenizer = transformers.MarianTokenizer.from_pretrained(directory)
+    # Marian's layout: padding last, the first decoder input.
+    assert model.config.pad_token_id == model.config.decoder_start_token_id == len(tokenizer) - 1
     sources, _ = multi30k.load("test_2016_flickr", "en", "de", data_dir=multi30k_dir)
     sources = sources[:20]
     expected = ours.generate(sources, sampler="greedy")
-    special = ours.special_token_ids
-    bad_words = [[token] for token in special.never_output]
-    for source, translation in zip(sources, expected):
-        # transformers' tokenizer adds </s> only: this package's models read <s> first.
-        ids = [model.config.bos_token_id, *tokenizer(source).input_ids]
-        out = _hf_generate(model, ids, num_beams=1, max_new_tokens=len(ids) + 50, bad_words_ids=bad_words)
+    # transformers' tokenizer adds </s> only: this package's models read <s> first.
+    source_ids = [[model.config.bos_token_id, *tokenizer(source).input_ids] for source in sources]
+    for ids, translation in zip(source_ids, expected):
+        out = _hf_generate(model, ids, num_beams=1, max_new_tokens=len(ids) + 50)
         assert tokenizer.decode(out, skip_special_tokens=True) == translation
+
+    ctranslate2 = pytest.importorskip("ctranslate2")
+    ctranslate2.converters.TransformersConverter(directory).convert(str(tmp_path / "ct2"))
+    translator = ctranslate2.Translator(str(tmp_path / "ct2"), device="cpu")
+    results = translator.translate_batch([tokenizer.convert_ids_to_tokens(ids) for ids in source_ids], beam_size=1)
+    assert [tokenizer.convert_tokens_to_string(r.hypotheses[0]) for r in results] == expected
+
+    imported = TransformerSeq2SeqLM.from_preset(directory)
+    assert imported.generate(sources, sampler="greedy") == expected
 
 
 @pytest.mark.skipif(keras.config.backend() != "tensorflow", reason="the SavedModel export runs in TensorFlow")

@@ -6,6 +6,21 @@ The directory holds what `MarianMTModel.save_pretrained` and
 `vocab.json`, `tokenizer_config.json`), so that transformers loads it and
 CTranslate2's `ct2-transformers-converter` converts it.
 
+The directory is laid out as Marian's own are, which is what engines that
+read Marian directories assume (CTranslate2's converter among them):
+
+- `<pad>` is the last id, and the ids of the other pieces keep their order;
+- decoding starts from `<pad>`, whose embedding is zero (CTranslate2 starts
+  from a zero vector and drops the `<pad>` row). The first decoder input of
+  this package's models is the embedding of their start token: that vector,
+  scaled as embeddings are, is added to the first row of the decoder's
+  position table (`model.decoder.embed_positions.weight`, which transformers
+  loads from the checkpoint). The decoder reads the same numbers.
+  transformers' `save_pretrained` does not save position tables: a model
+  re-saved by transformers loses this row; write it out again from here;
+- tokens that this package never outputs (its start token `<s>`) get a
+  final logits bias of -10000, so that no engine outputs them.
+
 Models trained by this package frame sources as `<s> ... </s>`, while
 transformers' `MarianTokenizer` adds only `</s>`: give such a model
 `[bos_token_id] + tokenizer(text).input_ids` (the config records
@@ -18,11 +33,15 @@ import os
 import shutil
 import tempfile
 
+import numpy as np
+
 from keras_transformer.convert import marian
 from keras_transformer.presets import PresetError
 
 # Keras activation names -> transformers'.
 ACTIVATIONS = {"relu": "relu", "silu": "swish", "gelu": "gelu"}
+# The final logits bias of tokens that are never output (float16-safe).
+NEVER_OUTPUT_BIAS = -1e4
 
 
 def export_marian(model, output_dir, overwrite=False):
@@ -56,8 +75,9 @@ def export_marian(model, output_dir, overwrite=False):
     """
     model = _load(model)
     backbone, tokenizer = model.backbone, model.preprocessor.tokenizer
-    config = marian_config(model)
-    assets = _tokenizer_files(tokenizer)
+    layout = MarianLayout(model.special_token_ids, backbone.vocabulary_size)
+    config = marian_config(model, layout)
+    assets = _tokenizer_files(tokenizer, layout)
     output_dir = os.path.abspath(os.fspath(output_dir))
     if os.path.isfile(output_dir):
         raise FileExistsError(f"{output_dir!r} is a file; give a directory.")
@@ -70,11 +90,11 @@ def export_marian(model, output_dir, overwrite=False):
     os.makedirs(os.path.dirname(output_dir), exist_ok=True)
     staging = tempfile.mkdtemp(prefix=f".{os.path.basename(output_dir)}.writing-", dir=os.path.dirname(output_dir))
     try:
-        save_file(marian.backbone_to_marian_weights(backbone), os.path.join(staging, marian.SAFETENSORS_FILE),
+        save_file(_marian_weights(backbone, layout), os.path.join(staging, marian.SAFETENSORS_FILE),
                   metadata={"format": "pt"})
         files = {
             marian.CONFIG_FILE: config,
-            marian.GENERATION_CONFIG_FILE: _generation_config(model, config),
+            marian.GENERATION_CONFIG_FILE: _generation_config(layout, config),
             marian.TOKENIZER_CONFIG_FILE: {
                 "tokenizer_class": "MarianTokenizer",
                 "model_max_length": backbone.max_sequence_length,
@@ -109,9 +129,49 @@ def _load(model):
     return model
 
 
-def marian_config(model):
+class MarianLayout:
+    """Where this package's ids go in a Marian vocabulary: `<pad>` last,
+    the other ids in their order (`order[new_id] == old_id`)."""
+
+    def __init__(self, special, vocabulary_size):
+        self.order = [i for i in range(vocabulary_size) if i != special.pad] + [special.pad]
+        new_id = {old: new for new, old in enumerate(self.order)}
+        self.new_id = new_id
+        self.pad = self.decoder_start = new_id[special.pad]
+        self.end = new_id[special.end]
+        self.start = new_id[special.start]
+        self.source_start = None if special.source_start is None else new_id[special.source_start]
+        self.never_output = sorted(new_id[i] for i in special.never_output)
+
+
+def _marian_weights(backbone, layout):
+    """The Marian state dict of `backbone` in `layout`, with the first
+    decoder input moved into the decoder's position table."""
+    state = marian.backbone_to_marian_weights(backbone)
+    embeddings = state["model.shared.weight"][layout.order]
+    bias = state["final_logits_bias"][:, layout.order]
+    scale = np.sqrt(backbone.d_model) if backbone.scale_embeddings else 1.0
+    first_input = scale * embeddings[layout.start]
+    embeddings[layout.pad] = 0.0
+    for token in layout.never_output:
+        if token != layout.pad:
+            bias[:, token] = NEVER_OUTPUT_BIAS
+    positions = marian.marian_positions(backbone.max_sequence_length, backbone.d_model)
+    decoder_positions = positions.copy()
+    decoder_positions[0] += first_input
+    for name in ("model.shared.weight", "model.encoder.embed_tokens.weight", "model.decoder.embed_tokens.weight",
+                 "lm_head.weight"):
+        state[name] = embeddings
+    state["final_logits_bias"] = bias
+    state["model.encoder.embed_positions.weight"] = positions
+    state["model.decoder.embed_positions.weight"] = decoder_positions
+    return {name: np.ascontiguousarray(value, "float32") for name, value in state.items()}
+
+
+def marian_config(model, layout=None):
     """The transformers `MarianConfig` fields of `model` (a dict)."""
-    backbone, special = model.backbone, model.special_token_ids
+    backbone = model.backbone
+    layout = layout or MarianLayout(model.special_token_ids, backbone.vocabulary_size)
     refuse = []
     if backbone.normalize_first:
         refuse.append("pre-norm layers")
@@ -146,30 +206,32 @@ def marian_config(model):
         "share_encoder_decoder_embeddings": True,
         "tie_word_embeddings": True,
         "is_encoder_decoder": True,
-        "pad_token_id": special.pad,
-        "eos_token_id": special.end,
-        "forced_eos_token_id": special.end,
-        "decoder_start_token_id": special.start,
-        "bos_token_id": special.source_start,
+        "pad_token_id": layout.pad,
+        "eos_token_id": layout.end,
+        "forced_eos_token_id": layout.end,
+        "decoder_start_token_id": layout.decoder_start,
+        # The source start token (as opus-mt configs, `eos_token_id` when
+        # sources have none).
+        "bos_token_id": layout.end if layout.source_start is None else layout.source_start,
     }
 
 
-def _generation_config(model, config):
-    special = model.special_token_ids
+def _generation_config(layout, config):
     return {
-        "decoder_start_token_id": special.start,
-        "eos_token_id": special.end,
-        "forced_eos_token_id": special.end,
-        "pad_token_id": special.pad,
+        "decoder_start_token_id": layout.decoder_start,
+        "eos_token_id": layout.end,
+        "forced_eos_token_id": layout.end,
+        "pad_token_id": layout.pad,
         # As this package, never output padding or the start token.
-        "bad_words_ids": [[token] for token in special.never_output],
+        "bad_words_ids": [[token] for token in layout.never_output],
         "num_beams": 4,
         "max_length": config["max_position_embeddings"],
     }
 
 
-def _tokenizer_files(tokenizer):
-    """source.spm, target.spm and vocab.json (bytes) of a tokenizer."""
+def _tokenizer_files(tokenizer, layout):
+    """source.spm, target.spm and vocab.json (bytes, ids in `layout`) of a
+    tokenizer."""
     from keras_transformer.models.transformer.marian_tokenizer import MarianTokenizer
     from keras_transformer.models.transformer.tokenizer import TransformerTokenizer
 
@@ -182,6 +244,8 @@ def _tokenizer_files(tokenizer):
         proto = tokenizer.proto
         processor = sentencepiece.SentencePieceProcessor(model_proto=proto)
         vocabulary = {processor.id_to_piece(i): i for i in range(processor.get_piece_size())}
+        if processor.id_to_piece(layout.order[-1]) != "<pad>":
+            raise PresetError("Marian's tokenizer needs the padding piece to be '<pad>'.")
         source = target = proto
     else:
         raise PresetError(
@@ -190,5 +254,7 @@ def _tokenizer_files(tokenizer):
     return {
         marian.SOURCE_SPM: source,
         marian.TARGET_SPM: target,
-        marian.VOCABULARY_JSON: json.dumps(vocabulary, ensure_ascii=False, indent=0).encode("utf-8"),
+        marian.VOCABULARY_JSON: json.dumps(
+            {piece: layout.new_id[i] for piece, i in vocabulary.items()}, ensure_ascii=False, indent=0
+        ).encode("utf-8"),
     }

@@ -215,6 +215,35 @@ def position_permutation(d_model):
     return perm
 
 
+def marian_positions(length, d_model):
+    """Marian's sinusoid table `(length, d_model)`: the sines of section
+    3.5 in the first half of d_model, the cosines in the second."""
+    angles = np.arange(length)[:, None] / np.power(10000.0, 2 * np.arange(d_model // 2) / d_model)
+    return np.concatenate([np.sin(angles), np.cos(angles)], axis=1).astype("float32")
+
+
+def first_decoder_input_shift(state, d_model):
+    """What the checkpoint's decoder position table adds to the first
+    decoder input beyond the sinusoid (zero for opus-mt; the start token's
+    embedding for models written out by `export_marian`). Tables that are
+    not sinusoids otherwise are refused."""
+    shift = np.zeros(d_model, "float32")
+    for part in ("encoder", "decoder"):
+        table = state.get(f"{part}.embed_positions.weight")
+        if table is None:
+            continue
+        expected = marian_positions(table.shape[0], d_model)
+        rows = slice(1, None) if part == "decoder" else slice(None)
+        if table.shape[1] != d_model or not np.allclose(table[rows], expected[rows], atol=1e-3):
+            raise PresetError(
+                f"The Marian checkpoint's {part}.embed_positions.weight is not the sinusoid table "
+                "Marian computes: learned or altered positions are not supported."
+            )
+        if part == "decoder":
+            shift = table[0] - expected[0]
+    return shift
+
+
 # === Weights: Marian names <-> backbone variables ===
 
 
@@ -237,8 +266,13 @@ def _layer_names(prefix, index, decoder):
     return pairs
 
 
-def marian_to_backbone_weights(state, backbone):
-    """{variable path: array} for `backbone` from a Marian state dict."""
+def marian_to_backbone_weights(state, backbone, decoder_start_id=None):
+    """{variable path: array} for `backbone` from a Marian state dict.
+
+    A decoder position table whose first row is shifted (see
+    `first_decoder_input_shift`) moves the shift into the embedding of
+    `decoder_start_id`, the first decoder input (padding, never an output,
+    masked wherever else it is read)."""
     d, h = backbone.d_model, backbone.num_heads
     perm = position_permutation(d)
     embeddings = state.get("shared.weight", state.get("encoder.embed_tokens.weight"))
@@ -247,6 +281,11 @@ def marian_to_backbone_weights(state, backbone):
     for tied in ("decoder.embed_tokens.weight", "lm_head.weight"):
         if tied in state and not np.array_equal(state[tied], embeddings):
             raise PresetError(f"The Marian checkpoint's {tied} differs from the shared embedding: not supported.")
+    shift = first_decoder_input_shift(state, d)
+    if np.any(shift) and decoder_start_id is not None:
+        scale = np.sqrt(d) if backbone.scale_embeddings else 1.0
+        embeddings = embeddings.copy()
+        embeddings[decoder_start_id] += shift / scale
     weights = {"token_embedding/embeddings": embeddings[:, perm]}
     bias = state.get("final_logits_bias", np.zeros((1, embeddings.shape[0]), "float32"))
     weights["token_embedding/logits_bias"] = bias.reshape(-1)
@@ -332,10 +371,27 @@ def load_tokenizer(preset):
     from keras_transformer.models.transformer.marian_tokenizer import MarianTokenizer
 
     check_tokenizer_files(preset)
+    files = [_fetch(preset, name) for name in (SOURCE_SPM, TARGET_SPM, VOCABULARY_JSON)]
     try:
-        return MarianTokenizer(*(_fetch(preset, name) for name in (SOURCE_SPM, TARGET_SPM, VOCABULARY_JSON)))
+        tokenizer = MarianTokenizer(*files)
+        source_start = _source_start_token(read_config(preset) or {}, tokenizer)
+        if source_start is not None:
+            tokenizer = MarianTokenizer(*files, source_start_token=source_start)
+        return tokenizer
     except (ValueError, RuntimeError, OSError) as error:
         raise PresetError(f"The tokenizer files of {os.fspath(preset)!r} cannot be read: {error}") from error
+
+
+def _source_start_token(config, tokenizer):
+    """The piece put before sources: `bos_token_id` when it is neither
+    `</s>` nor padding (opus-mt configs give `</s>`; models written out by
+    `export_marian` give their `<s>`)."""
+    bos = config.get("bos_token_id")
+    if not isinstance(bos, int) or bos in (tokenizer.end_token_id, tokenizer.pad_token_id):
+        return None
+    if not 0 <= bos < tokenizer.vocabulary_size():
+        return None
+    return tokenizer.id_to_token(bos)
 
 
 def load_backbone(preset, load_weights=True, dtype=None, config=None):
@@ -345,7 +401,7 @@ def load_backbone(preset, load_weights=True, dtype=None, config=None):
     config = config or read_config(preset)
     backbone = TransformerBackbone(**backbone_config(config), dtype=dtype)
     if load_weights:
-        weights = marian_to_backbone_weights(read_state_dict(preset), backbone)
+        weights = marian_to_backbone_weights(read_state_dict(preset), backbone, config.get("decoder_start_token_id"))
         for variable in backbone.weights:
             value = weights.get(variable.path)
             if value is None or tuple(value.shape) != tuple(variable.shape):

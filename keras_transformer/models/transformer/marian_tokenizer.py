@@ -103,6 +103,10 @@ class MarianTokenizer(PresetIO, keras_hub.tokenizers.Tokenizer):
         target_spm: the target SentencePiece model (bytes or a path).
         vocabulary: the joint vocabulary, a dict from piece to id or the
             path of a `vocab.json`.
+        source_start_token: a piece put before every source, or None (as
+            in opus-mt models). Models of this package written out with
+            `export_marian` read `<s>` first; their `config.json` says so
+            in `bos_token_id`.
         **kwargs: base `keras_hub.tokenizers.Tokenizer` arguments.
 
     Example:
@@ -119,9 +123,10 @@ class MarianTokenizer(PresetIO, keras_hub.tokenizers.Tokenizer):
     backbone_cls = TransformerBackbone
     preset_needs = ("tokenizer",)
 
-    def __init__(self, source_spm=None, target_spm=None, vocabulary=None, **kwargs):
+    def __init__(self, source_spm=None, target_spm=None, vocabulary=None, source_start_token=None, **kwargs):
         kwargs.setdefault("dtype", "int32")
         super().__init__(**kwargs)
+        self.source_start_token = source_start_token
         self.file_assets = [SOURCE_SPM, TARGET_SPM, VOCABULARY_JSON]
         self.source_spm = self.target_spm = self.vocabulary = None
         self.pad_token_id = self.unk_token_id = self.end_token_id = self.start_token_id = None
@@ -149,9 +154,16 @@ class MarianTokenizer(PresetIO, keras_hub.tokenizers.Tokenizer):
         self.pad_token_id = self.vocabulary[PAD]
         self.unk_token_id = self.vocabulary[UNK]
         self.end_token_id = self.vocabulary[END]
-        # Marian starts decoding from the padding id; sources get no start.
+        # Marian starts decoding from the padding id; sources get no start
+        # unless `source_start_token` names one.
         self.start_token_id = self.pad_token_id
         self.source_start_token_id = None
+        if self.source_start_token is not None:
+            if self.source_start_token not in self.vocabulary:
+                raise ValueError(
+                    f"source_start_token {self.source_start_token!r} is not in the Marian vocabulary."
+                )
+            self.source_start_token_id = self.vocabulary[self.source_start_token]
         self.pad_token, self.end_token, self.start_token = PAD, END, PAD
         self._graph = None
 
@@ -159,7 +171,7 @@ class MarianTokenizer(PresetIO, keras_hub.tokenizers.Tokenizer):
         """A fresh `tf.Module` with `tokenize` and `detokenize` for graphs
         (what an exported SavedModel holds)."""
         self._check_vocabulary()
-        skip = {self.pad_token_id, self.end_token_id, self.unk_token_id}
+        skip = {self.pad_token_id, self.end_token_id, self.unk_token_id, self.source_start_token_id} - {None}
         return graph_tokenizer(self.source_spm, self.target_spm, self._pieces, self.unk_token_id, skip)
 
     def _check_vocabulary(self):
@@ -266,4 +278,4 @@ class MarianTokenizer(PresetIO, keras_hub.tokenizers.Tokenizer):
     def get_config(self):
         # The SentencePiece models and the vocabulary are assets, saved
         # beside the config (`save_assets`).
-        return super().get_config()
+        return {**super().get_config(), "source_start_token": self.source_start_token}
