@@ -5,17 +5,31 @@ Runs the same code on JAX, TensorFlow and PyTorch. Modules follow the paper:
 `datasets` (section 5.1), `schedules` (section 5.3), `losses` (section 5.4),
 `decoding`, `callbacks` and `metrics` (section 6.1). `presets` lists the
 pretrained models shipped with the package; `export` writes a TensorFlow
-SavedModel that translates strings.
+SavedModel that translates strings; `convert` reads and writes Marian
+(opus-mt) checkpoints.
+
+The modules are imported on first use (`keras_transformer.models`, or
+`from keras_transformer import models`): importing the package alone imports
+neither Keras nor a backend, so that the command line starts fast and sets up
+logging first. Import `keras_transformer.models` (or any class of it) before
+`keras.saving.load_model` of a `.keras` file that holds its models.
 """
 
-from keras_transformer import callbacks
-from keras_transformer import data
-from keras_transformer import datasets
-from keras_transformer import decoding
-from keras_transformer import layers
-from keras_transformer import losses
-from keras_transformer import metrics
-from keras_transformer import models
-from keras_transformer import presets
-from keras_transformer import schedules
+import importlib
+
 from keras_transformer.version import __version__
+
+_MODULES = (
+    "callbacks", "convert", "data", "datasets", "decoding", "distribution", "export", "layers",
+    "losses", "metrics", "models", "presets", "schedules", "training", "visualization",
+)
+
+
+def __getattr__(name):
+    if name in _MODULES:
+        return importlib.import_module(f"keras_transformer.{name}")
+    raise AttributeError(f"module 'keras_transformer' has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted({*globals(), *_MODULES})

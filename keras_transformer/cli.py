@@ -12,15 +12,43 @@ Run `keras-transformer COMMAND --help` for the options of each command.
 """
 
 import argparse
+import codecs
 import contextlib
 import json
+import math
 import os
 import sys
+import warnings
 
 DEFAULT_PRESET = "transformer_multi30k_en_de"
+# Set to 1 to see the C++ libraries' log lines (see `_quiet_native_logs`).
+NATIVE_LOGS_VARIABLE = "KERAS_TRANSFORMER_NATIVE_LOGS"
 
-# TensorFlow's C++ start-up messages would bury the command's own output.
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+def _quiet_native_logs():
+    """Keeps the C++ libraries' start-up notes off the terminal.
+
+    TensorFlow and tensorflow-text write lines such as "oneDNN custom
+    operations are on", "Could not find cuda drivers" or SentencePiece's
+    "precompiled_charsmap is empty" straight to the process's stderr, some
+    before and regardless of TF_CPP_MIN_LOG_LEVEL. Python's own messages
+    (progress bars, warnings, errors) keep going to the terminal through a
+    copy of stderr; what the C++ code writes to the process's stderr goes to
+    the null device. Called by the console script before anything imports
+    TensorFlow; `KERAS_TRANSFORMER_NATIVE_LOGS=1` keeps the lines.
+    """
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    if os.environ.get(NATIVE_LOGS_VARIABLE) == "1":
+        return
+    try:
+        sys.stderr.flush()
+        terminal = os.dup(2)
+        null = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(null, 2)
+        os.close(null)
+        sys.stderr = os.fdopen(terminal, "w", buffering=1, encoding="utf-8", errors="backslashreplace")
+    except (OSError, ValueError, AttributeError):  # no stderr to redirect: leave it
+        pass
 
 
 def _bounded(convert, accepts, says):
@@ -39,8 +67,23 @@ def _bounded(convert, accepts, says):
 
 _positive_int = _bounded(int, lambda value: value >= 1, "1 or more")
 _non_negative_int = _bounded(int, lambda value: value >= 0, "0 or more")
-_positive_float = _bounded(float, lambda value: value > 0, "more than 0")
-_non_negative_float = _bounded(float, lambda value: value >= 0, "0 or more")
+
+
+def _finite(convert):
+    """`convert`, refusing infinities ("must be finite, got inf")."""
+
+    def parse(text):
+        value = convert(text)
+        if math.isinf(value):
+            raise argparse.ArgumentTypeError(f"must be finite, got {text}")
+        return value
+
+    parse.__name__ = convert.__name__
+    return parse
+
+
+_positive_float = _bounded(_finite(float), lambda value: value > 0, "more than 0")
+_non_negative_float = _bounded(_finite(float), lambda value: value >= 0, "0 or more")
 _probability = _bounded(float, lambda value: 0 <= value < 1, "in [0, 1)")
 
 
@@ -52,6 +95,23 @@ def _lines(text):
     if lines and lines[-1] == "":
         lines.pop()
     return [line[:-1] if line.endswith("\r") else line for line in lines]
+
+
+def _decode_lines(data, name):
+    """The lines of UTF-8 bytes read from `name` (a file or standard
+    input), a byte order mark at the start dropped; an error naming the first
+    line that is not UTF-8."""
+    if data.startswith(codecs.BOM_UTF8):
+        data = data[len(codecs.BOM_UTF8):]
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as error:
+        line = data.count(b"\n", 0, error.start) + 1
+        raise ValueError(
+            f"line {line} of {name} is not valid UTF-8 (byte {data[error.start]:#04x}). Convert the text to "
+            "UTF-8 first, for example with `iconv -f LATIN1 -t UTF-8`."
+        ) from None
+    return _lines(text)
 
 
 def _check_output_path(path):
@@ -120,8 +180,15 @@ def _add_evaluate(subparsers):
     p.add_argument("--batch-size", type=_positive_int, default=64)
     p.add_argument("--beam-size", type=_positive_int, default=4, help="1 decodes greedily (default: 4)")
     p.add_argument("--alpha", type=_non_negative_float, default=0.6, help="length penalty (default: 0.6)")
+    _add_length_penalty(p)
     p.add_argument("--limit", type=_positive_int, help="translate only the first N sentences")
     p.add_argument("--output", help="write the translations to this file")
+
+
+def _add_length_penalty(p):
+    p.add_argument("--length-penalty", choices=("gnmt", "length"), default="gnmt",
+                   help="gnmt: ((5 + |Y|) / 6) ** alpha, the paper's; length: |Y| ** alpha, as transformers "
+                   "ranks beams (default: gnmt)")
 
 
 def _add_attention(subparsers):
@@ -269,9 +336,7 @@ def _add_translate(subparsers):
                    help=f"a preset name or directory (default: {DEFAULT_PRESET})")
     p.add_argument("--beam-size", type=_positive_int, default=4, help="1 decodes greedily (default: 4)")
     p.add_argument("--alpha", type=_non_negative_float, default=0.6, help="length penalty (default: 0.6)")
-    p.add_argument("--length-penalty", choices=("gnmt", "length"), default="gnmt",
-                   help="gnmt: ((5 + |Y|) / 6) ** alpha, the paper's; length: |Y| ** alpha, as transformers "
-                   "ranks beams (default: gnmt)")
+    _add_length_penalty(p)
     p.add_argument("--batch-size", type=_positive_int, default=64, help="sentences translated together (default: 64)")
     p.add_argument("-i", "--input", help="a text file, one sentence a line (default: stdin)")
     p.add_argument("-o", "--output", help="write the translations to this file (default: stdout)")
@@ -290,12 +355,12 @@ def _translate(args):
     if args.text:
         texts = args.text
     elif args.input:
-        with open(args.input, encoding="utf-8") as f:
-            texts = _lines(f.read())
+        with open(args.input, "rb") as f:
+            texts = _decode_lines(f.read(), args.input)
     else:
         if sys.stdin.isatty():
             print("Type sentences, one a line; end with Ctrl-D.", file=sys.stderr)
-        texts = _lines(sys.stdin.read())
+        texts = _decode_lines(sys.stdin.buffer.read(), "standard input")
     _check_output_path(args.output)
     model = TransformerSeq2SeqLM.from_preset(args.preset)
     decoding = dict(sampler="greedy") if args.beam_size == 1 else dict(
@@ -434,11 +499,31 @@ def main(argv=None):
         commands[args.command](args)
     except (ValueError, OSError, EOFError) as error:
         # Bad input (presets, text, files, settings) and file system errors
-        # (a missing, unwritable or corrupt file): the message, not a
-        # traceback. PresetError is a ValueError.
+        # (a missing, unwritable or corrupt file, a full disk): the message,
+        # not a traceback. PresetError is a ValueError.
         raise SystemExit(f"error: {error}") from None
+    except Exception as error:
+        from keras_transformer.utils.files import is_disk_full
+
+        if is_disk_full(error):  # TensorFlow's and h5py's own errors
+            raise SystemExit(f"error: no space left on the device ({type(error).__name__}: {error})") from None
+        raise
     return 0
 
 
-if __name__ == "__main__":
+def run():
+    """The `keras-transformer` console script: `main` with the C++
+    libraries' log lines kept quiet (except for `train`, whose native errors
+    matter in long runs)."""
+    if sys.argv[1:2] != ["train"]:
+        _quiet_native_logs()
+    else:
+        os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    # Warnings as one line, as the command's own ("warning: ..."), without
+    # the source line Python shows for programmers.
+    warnings.formatwarning = lambda message, category, *args, **kwargs: f"warning: {message}\n"
     sys.exit(main())
+
+
+if __name__ == "__main__":
+    run()

@@ -32,17 +32,20 @@ runs itself in a TensorFlow subprocess (weights are portable).
 """
 
 import os
-import shutil
 import subprocess
 import sys
-import tempfile
 
 import keras
 import tensorflow as tf
 import tensorflow_text as tf_text
 
 from keras_transformer.decoding.beam import best_extensions
+from keras_transformer.utils.files import move_into_place
+from keras_transformer.utils.files import reporting_full_disk
+from keras_transformer.utils.files import staging_directory
 
+# What `tf.saved_model.save` writes: an overwrite replaces these only.
+SAVED_MODEL_ENTRIES = ("saved_model.pb", "saved_model.pbtxt", "fingerprint.pb", "variables", "assets")
 # Text that is only whitespace, as Python's `str.isspace` has it (what
 # `generate` calls blank): `tf.strings.strip` strips ASCII whitespace only.
 BLANK = r"[\t-\r\x{1c}-\x{1f}\x{85}\p{Z}]*"
@@ -59,9 +62,11 @@ def export_saved_model(model, export_dir, beam_size=4, alpha=0.6, max_length_off
         alpha: length penalty exponent.
         max_length_offset: at most source length + this many output tokens.
         overwrite: replace an earlier export (a SavedModel) in
-            `export_dir`. Without it a non-empty `export_dir` is an error
-            and stays as it is; so is one that holds no SavedModel, even
-            with it.
+            `export_dir`: its `saved_model.pb`, `fingerprint.pb`,
+            `variables/` and `assets/`; other files there (TF Serving's
+            `assets.extra/`, notes) stay. Without it a non-empty
+            `export_dir` is an error and stays as it is; so is one that
+            holds no SavedModel, even with it.
 
     Returns:
         `export_dir`.
@@ -74,12 +79,13 @@ def export_saved_model(model, export_dir, beam_size=4, alpha=0.6, max_length_off
         ExportError: the TensorFlow subprocess (other backends) failed.
 
     A failed export leaves nothing behind, and an existing export is only
-    replaced once the new one is complete.
+    replaced once the new one is complete. A full disk is a `DiskFullError`
+    (an `OSError`).
     """
     if beam_size < 1:
         raise ValueError(f"beam_size must be at least 1, got {beam_size}.")
-    if alpha < 0:
-        raise ValueError(f"alpha must be >= 0, got {alpha}.")
+    if not 0 <= alpha < float("inf"):  # NaN too
+        raise ValueError(f"alpha must be a finite number >= 0, got {alpha}.")
     if max_length_offset < 0:
         raise ValueError(
             f"max_length_offset must be >= 0, got {max_length_offset}: the SavedModel must leave "
@@ -102,19 +108,18 @@ def export_saved_model(model, export_dir, beam_size=4, alpha=0.6, max_length_off
                 f"{export_dir!r} is not empty and holds no SavedModel (saved_model.pb): overwrite "
                 "replaces an earlier export only. Choose another directory."
             )
-    parent = os.path.dirname(export_dir)
-    os.makedirs(parent, exist_ok=True)
-    staging = tempfile.mkdtemp(prefix=f".{os.path.basename(export_dir)}.exporting-", dir=parent)
-    try:
+    with reporting_full_disk("exporting the SavedModel to", export_dir), staging_directory(
+        export_dir, "exporting"
+    ) as staging:
         saved_model = os.path.join(staging, "saved_model")
         if keras.config.backend() == "tensorflow":
             model = _load(model)
             _write(model, saved_model, beam_size, alpha, max_length_offset)
         else:
             _write_in_tensorflow_process(model, saved_model, staging, beam_size, alpha, max_length_offset)
-        _replace(saved_model, export_dir)
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
+        # Only what a SavedModel holds is replaced: files the user added
+        # beside it (TF Serving's assets.extra/, notes) stay.
+        move_into_place(saved_model, export_dir, replaces=SAVED_MODEL_ENTRIES)
     return export_dir
 
 
@@ -176,23 +181,6 @@ def _write_in_tensorflow_process(model, saved_model, staging, beam_size, alpha, 
     result = subprocess.run(command, env=env, capture_output=True, text=True)
     if result.returncode != 0:
         raise ExportError(f"The export under TensorFlow failed:\n{result.stderr[-4000:]}")
-
-
-def _replace(new, export_dir):
-    """Moves the finished export into place; an old one goes only after."""
-    if os.path.isdir(export_dir):
-        old = export_dir.rstrip(os.sep) + ".replaced"
-        while os.path.exists(old):
-            old += "_"
-        os.replace(export_dir, old)
-        try:
-            os.replace(new, export_dir)
-        except BaseException:
-            os.replace(old, export_dir)
-            raise
-        shutil.rmtree(old, ignore_errors=True)
-    else:
-        os.replace(new, export_dir)
 
 
 def _write(model, path, beam_size, alpha, max_length_offset):

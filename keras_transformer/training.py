@@ -355,14 +355,16 @@ def train_multi30k(
     if not initial_preset:  # a run from a preset has the preset's vocabulary
         settings["vocabulary_size"] = vocabulary_size
     _check_same_settings(output_dir, previous_run, settings, scratch_backbone)
-    os.makedirs(output_dir, exist_ok=True)
-    keras.utils.set_random_seed(seed)
+    # The data is read before the run's directory is made: a wrong
+    # data_dir leaves nothing behind.
     sources, targets = multi30k.load("train", source, target, data_dir)
     if limit:
         sources, targets = sources[:limit], targets[:limit]
     val_sources, val_targets = multi30k.load("val", source, target, data_dir)
     if validation_limit:
         val_sources, val_targets = val_sources[:validation_limit], val_targets[:validation_limit]
+    os.makedirs(output_dir, exist_ok=True)
+    keras.utils.set_random_seed(seed)
 
     # Several processes: process 0 writes the run's files; the others train
     # the same tokenizer (SentencePiece is deterministic) and keep their own

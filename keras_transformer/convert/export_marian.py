@@ -30,13 +30,14 @@ source start token and need nothing.
 
 import json
 import os
-import shutil
-import tempfile
 
 import numpy as np
 
 from keras_transformer.convert import marian
 from keras_transformer.presets import PresetError
+from keras_transformer.utils.files import move_into_place
+from keras_transformer.utils.files import reporting_full_disk
+from keras_transformer.utils.files import staging_directory
 
 # Keras activation names -> transformers'.
 ACTIVATIONS = {"relu": "relu", "silu": "swish", "gelu": "gelu"}
@@ -87,9 +88,7 @@ def export_marian(model, output_dir, overwrite=False):
         from safetensors.numpy import save_file
     except ImportError as error:
         raise ImportError("Writing model.safetensors needs safetensors: pip install safetensors.") from error
-    os.makedirs(os.path.dirname(output_dir), exist_ok=True)
-    staging = tempfile.mkdtemp(prefix=f".{os.path.basename(output_dir)}.writing-", dir=os.path.dirname(output_dir))
-    try:
+    with reporting_full_disk("writing the Marian model to", output_dir), staging_directory(output_dir) as staging:
         save_file(_marian_weights(backbone, layout), os.path.join(staging, marian.SAFETENSORS_FILE),
                   metadata={"format": "pt"})
         files = {
@@ -111,11 +110,7 @@ def export_marian(model, output_dir, overwrite=False):
         for name, data in assets.items():
             with open(os.path.join(staging, name), "wb") as f:
                 f.write(data)
-        os.makedirs(output_dir, exist_ok=True)
-        for name in os.listdir(staging):
-            os.replace(os.path.join(staging, name), os.path.join(output_dir, name))
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
+        move_into_place(staging, output_dir)
     return output_dir
 
 

@@ -21,11 +21,15 @@ from the dataset's public repository into the Keras cache
 
 import gzip
 import os
+import warnings
 import zlib
 
 import keras
 
+from keras_transformer.utils.files import sha256
+
 ENV_VAR = "KERAS_TRANSFORMER_MULTI30K"
+VERIFY_ENV_VAR = "KERAS_TRANSFORMER_MULTI30K_VERIFY"
 URL = "https://github.com/multi30k/dataset/raw/master/data/task1/raw/"
 
 SPLITS = {
@@ -96,10 +100,18 @@ def _path(split, language, data_dir):
         ) from error
 
 
-def read_lines(split, language, data_dir=None):
-    """The sentences of one split and language, one string per line."""
+def read_lines(split, language, data_dir=None, verify=True):
+    """The sentences of one split and language, one string per line.
+
+    A local `.gz` file whose SHA-256 is not the published one's gives a
+    warning (a deleted or added line would pair every later sentence with
+    the wrong translation); `verify=False`, or
+    `KERAS_TRANSFORMER_MULTI30K_VERIFY=0`, accepts changed files silently.
+    """
     _check(split, language)
     path = _path(split, language, data_dir)
+    if verify and os.environ.get(VERIFY_ENV_VAR, "1") != "0":
+        _verify(path)
     opener = gzip.open if path.endswith(".gz") else open
     try:
         with opener(path, "rt", encoding="utf-8") as f:
@@ -111,7 +123,31 @@ def read_lines(split, language, data_dir=None):
         ) from error
 
 
-def load(split="train", source="en", target="de", data_dir=None):
+_verified = {}
+
+
+def _verify(path):
+    """Warns (once per file and version) if a local file is not the
+    published one."""
+    name = os.path.basename(path)
+    if name not in SHA256:  # an uncompressed copy: no published sum
+        return
+    stat = os.stat(path)
+    key = (os.path.abspath(path), stat.st_size, stat.st_mtime_ns)
+    if key in _verified:
+        return
+    _verified[key] = found = sha256(path)
+    if found != SHA256[name]:
+        warnings.warn(
+            f"The Multi30k file {path!r} differs from the published {name} (SHA-256 {found[:12]}..., expected "
+            f"{SHA256[name][:12]}...). A line deleted, added or changed pairs every later sentence with the "
+            "wrong translation: copy the file again. If you changed it on purpose, pass verify=False or set "
+            f"{VERIFY_ENV_VAR}=0.",
+            stacklevel=3,
+        )
+
+
+def load(split="train", source="en", target="de", data_dir=None, verify=True):
     """Source and target sentences of a Multi30k split.
 
     Args:
@@ -122,6 +158,8 @@ def load(split="train", source="en", target="de", data_dir=None):
         data_dir: a directory with the raw files (`train.en.gz`...).
             Defaults to `$KERAS_TRANSFORMER_MULTI30K`, else a download into
             the Keras cache.
+        verify: warn if a local file is not the published one (see
+            `read_lines`).
 
     Returns:
         `(sources, targets)`: two lists of strings of the same length.
@@ -135,8 +173,8 @@ def load(split="train", source="en", target="de", data_dir=None):
     """
     if source == target:
         raise ValueError(f"source and target are both {source!r}; choose two languages.")
-    sources = read_lines(split, source, data_dir)
-    targets = read_lines(split, target, data_dir)
+    sources = read_lines(split, source, data_dir, verify)
+    targets = read_lines(split, target, data_dir, verify)
     if len(sources) != len(targets):
         raise ValueError(
             f"Multi30k {split}: {len(sources)} {source} lines but {len(targets)} {target} lines."

@@ -445,6 +445,8 @@ class TransformerSeq2SeqLM(PresetIO, keras_hub.models.Seq2SeqLM):
             if num_results > 1:
                 raise ValueError(f"Greedy decoding gives one result; num_results={num_results} needs sampler='beam'.")
             beam_size, alpha = 1, 0.0
+        if isinstance(alpha, bool) or not isinstance(alpha, (int, float, np.number)) or not np.isfinite(alpha) or alpha < 0:
+            raise ValueError(f"alpha (the length penalty exponent) must be a finite number >= 0, got {alpha!r}.")
         if length_penalty not in LENGTH_PENALTIES:
             raise ValueError(f"Unknown length_penalty {length_penalty!r}; expected one of {LENGTH_PENALTIES}.")
         if num_results > beam_size:
@@ -525,17 +527,35 @@ def _as_texts(inputs):
         inputs = inputs.numpy()
     if isinstance(inputs, np.ndarray):
         inputs = inputs.item() if inputs.ndim == 0 else inputs.tolist()
+    accepted = (
+        "generate() takes a string, a list of strings (or a string array or tensor), or a dict of "
+        "token ids (`encoder_token_ids`, `encoder_padding_mask`)"
+    )
     single = isinstance(inputs, (str, bytes))
+    if not single and (inputs is None or not hasattr(inputs, "__iter__")):
+        raise TypeError(f"{accepted}; got {type(inputs).__name__}: {inputs!r:.60}.")
     texts = [inputs] if single else list(inputs)
     for i, text in enumerate(texts):
         if isinstance(text, bytes):
-            texts[i] = text.decode("utf-8")
+            try:
+                texts[i] = text = text.decode("utf-8")
+            except UnicodeDecodeError as error:
+                raise ValueError(
+                    f"Text {i} is not valid UTF-8 (byte {text[error.start]:#04x} at offset {error.start}): "
+                    "decode it with the right encoding first, or pass str."
+                ) from None
         elif not isinstance(text, str):
-            raise TypeError(
-                "generate() takes a string, a list of strings (or a string array or "
-                "tensor), or a dict of token ids (`encoder_token_ids`, "
-                f"`encoder_padding_mask`); item {i} is of type {type(text).__name__}: {text!r:.60}."
-            )
+            raise TypeError(f"{accepted}; item {i} is of type {type(text).__name__}: {text!r:.60}.")
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError as error:
+            # Lone surrogates: bytes that were not UTF-8, decoded with
+            # Python's "surrogateescape" (as sys.argv and some files are).
+            raise ValueError(
+                f"Text {i} holds {text[error.start]!r} at character {error.start}, which is not a Unicode "
+                "character (a lone surrogate: bytes that were not UTF-8, decoded with 'surrogateescape'). "
+                "Decode the text with its real encoding."
+            ) from None
     return texts, single
 
 

@@ -1,0 +1,324 @@
+"""Checks of a preset directory before keras-hub reads it, with errors that
+name the file and the fix."""
+
+import glob
+import json
+import os
+import re
+import warnings
+
+from keras_transformer.presets.layout import ASSETS_DIR
+from keras_transformer.presets.layout import CHECKSUMS_KEY
+from keras_transformer.presets.layout import CONFIG_FILE
+from keras_transformer.presets.layout import METADATA_FILE
+from keras_transformer.presets.layout import PREPROCESSOR_FILE
+from keras_transformer.presets.layout import SHARDED_WEIGHTS_INDEX
+from keras_transformer.presets.layout import TASK_FILE
+from keras_transformer.presets.layout import TOKENIZER_FILE
+from keras_transformer.presets.layout import WEIGHTS_FILE
+from keras_transformer.presets.layout import PresetError
+from keras_transformer.presets.registry import shipped_directories
+from keras_transformer.presets.registry import resolve
+from keras_transformer.utils.files import sha256
+
+# The registered names of this package's classes start with it.
+PACKAGE_PREFIX = "keras_transformer>"
+# Tokenizer arguments that would read a file: presets keep it in assets.
+TOKENIZER_FILE_KEYS = ("proto", "vocabulary", "merges", "source_spm", "target_spm")
+
+
+def check(preset, needs=("config",), load_weights=True):
+    """Checks a preset before it is loaded, with errors that name the problem.
+
+    Remote handles (`kaggle://`, `hf://`, ...) are left to keras-hub.
+
+    Args:
+        preset: a shipped preset name, a local directory or a handle.
+        needs: what the caller loads: any of `"config"` (a backbone or
+            task), `"tokenizer"`, `"preprocessor"`.
+        load_weights: whether the weights will be read.
+
+    Raises:
+        PresetError: an unknown name, or a missing or corrupt file (named).
+        TypeError: `preset` is not a string or path.
+    """
+    if isinstance(preset, os.PathLike):
+        preset = os.fspath(preset)
+    if not isinstance(preset, str):
+        raise TypeError(f"A preset is a name, a directory or a handle (a string); got {type(preset).__name__}.")
+    if "://" in preset:
+        return
+    directory = resolve(preset)
+    if not os.path.exists(directory):
+        shipped = ", ".join(shipped_directories()) or "none are installed"
+        raise PresetError(
+            f"Unknown preset {preset!r}: it is neither a preset shipped with "
+            f"keras_transformer ({shipped}) nor an existing directory. Use one of "
+            "those names, the directory you gave to `save_to_preset`, or a "
+            "kaggle:// or hf:// handle. `keras-transformer presets` lists the "
+            "shipped presets."
+        )
+    if not os.path.isdir(directory):
+        raise PresetError(f"Preset {preset!r} is a file; a preset is a directory written by `save_to_preset`.")
+    _check_directory(directory, needs, load_weights)
+
+
+def _check_directory(directory, needs, load_weights):
+    def path(name):
+        return os.path.join(directory, name)
+
+    required = []
+    if "config" in needs:
+        required.append(CONFIG_FILE)
+    if "tokenizer" in needs or "preprocessor" in needs:
+        required.append(TOKENIZER_FILE)
+    for name in required:
+        if not os.path.exists(path(name)):
+            if os.path.isfile(os.path.join(directory, "model", CONFIG_FILE)):  # a training run's directory
+                raise PresetError(
+                    f"{directory!r} is not a preset but holds one in model/: load "
+                    f"{os.path.join(directory, 'model')!r} (a training run saves its model there)."
+                )
+            raise PresetError(
+                f"The preset directory {directory!r} has no {name}: it is incomplete. "
+                "Save the model again with `save_to_preset`, or copy the whole directory."
+            )
+    configs = {}
+    for name in (CONFIG_FILE, TASK_FILE, PREPROCESSOR_FILE, TOKENIZER_FILE, METADATA_FILE):
+        if os.path.exists(path(name)):
+            configs[name] = _read_json(path(name))
+    if PREPROCESSOR_FILE in configs and TOKENIZER_FILE not in configs:
+        raise PresetError(
+            f"The preset directory {directory!r} has a {PREPROCESSOR_FILE} but no "
+            f"{TOKENIZER_FILE}: it is incomplete. Save the model again with `save_to_preset`."
+        )
+    for name in (CONFIG_FILE, TASK_FILE, PREPROCESSOR_FILE, TOKENIZER_FILE):
+        if name in configs:
+            _check_classes(path(name), configs[name])
+    if TOKENIZER_FILE in configs:
+        _check_tokenizer_config(path(TOKENIZER_FILE), configs[TOKENIZER_FILE])
+        vocabulary = _check_tokenizer_assets(directory, configs[TOKENIZER_FILE])
+        if CONFIG_FILE in configs and vocabulary is not None:
+            _check_vocabulary_size(directory, configs[CONFIG_FILE], *vocabulary)
+    if load_weights and "config" in needs:
+        _check_weights(directory, _checksums(directory, configs.get(METADATA_FILE)))
+
+
+def _read_json(path):
+    try:
+        with open(path, encoding="utf-8") as f:
+            config = json.load(f)
+    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+        raise PresetError(
+            f"The preset file {path!r} is corrupt (not valid JSON: {error}). "
+            "Save the model again with `save_to_preset`, or copy the file again."
+        ) from error
+    if not isinstance(config, dict):
+        raise PresetError(f"The preset file {path!r} is corrupt: it holds no JSON object.")
+    return config
+
+
+def _check_classes(path, config):
+    """Every object of a config that names a class of this package names
+    one that exists, under its own name. (Keras' safe mode refuses code in
+    configs, such as a `Lambda`; this names the file before it gets there.)"""
+    import keras
+
+    known = {name for name in keras.saving.get_custom_objects() if name.startswith(PACKAGE_PREFIX)}
+    for item in _objects(config):
+        registered = item.get("registered_name")
+        if not isinstance(registered, str) or not registered.startswith(PACKAGE_PREFIX):
+            continue
+        if registered not in known or registered != PACKAGE_PREFIX + str(item.get("class_name")):
+            raise PresetError(
+                f"The preset file {path!r} names {item.get('class_name')!r} as {registered!r}, which is not "
+                "a class of keras_transformer: the file was edited or made by hand. Save the model again "
+                "with `save_to_preset`."
+            )
+
+
+def _objects(config):
+    """The serialized objects (dicts with a `class_name`) inside a config."""
+    if isinstance(config, dict):
+        if "class_name" in config:
+            yield config
+        for value in config.values():
+            yield from _objects(value)
+    elif isinstance(config, list):
+        for value in config:
+            yield from _objects(value)
+
+
+def _check_tokenizer_config(path, tokenizer_config):
+    """A tokenizer's vocabulary comes from the preset's assets, never from a
+    path in its config (which would read any file on the machine)."""
+    config = tokenizer_config.get("config", {})
+    for key in TOKENIZER_FILE_KEYS:
+        if isinstance(config, dict) and config.get(key) is not None:
+            raise PresetError(
+                f"The preset file {path!r} gives the tokenizer's {key!r} ({str(config[key])[:60]!r}); a "
+                f"preset's vocabulary is read from {ASSETS_DIR}/tokenizer/ only. Remove the key, or save "
+                "the model again with `save_to_preset`."
+            )
+
+
+def _checksums(directory, metadata):
+    """The weights' SHA-256 sums recorded in metadata.json; a malformed
+    record is an error, no record a warning (once per directory)."""
+    if metadata is None or CHECKSUMS_KEY not in metadata:
+        if directory not in _warned_unchecked:
+            _warned_unchecked.add(directory)
+            warnings.warn(
+                f"The preset {directory!r} records no SHA-256 of its weights ({CHECKSUMS_KEY!r} in "
+                f"{METADATA_FILE}), so damaged weights could load without an error. Save it again with "
+                "`save_to_preset` to record them.",
+                stacklevel=4,
+            )
+        return {}
+    checksums = metadata[CHECKSUMS_KEY]
+    malformed = not isinstance(checksums, dict) or not all(
+        isinstance(value, str) and re.fullmatch(r"[0-9a-f]{64}", value) for value in checksums.values()
+    )
+    if malformed:
+        raise PresetError(
+            f"{os.path.join(directory, METADATA_FILE)!r} has a malformed {CHECKSUMS_KEY!r} (it must map "
+            "each weights file to its 64-digit hex SHA-256). Copy the preset again, or save the model again; "
+            f"to load weights replaced by hand on purpose, delete {CHECKSUMS_KEY!r}."
+        )
+    return checksums
+
+
+_warned_unchecked = set()
+
+
+def _check_weights(directory, checksums):
+    """Each weights file exists, matches the SHA-256 recorded in the
+    metadata (every save of this package records it: HDF5 reads a file with
+    damaged bytes inside a tensor without error), and is readable HDF5."""
+    import h5py
+
+    index = os.path.join(directory, SHARDED_WEIGHTS_INDEX)
+    if os.path.exists(index):
+        files = sorted(set(_flatten(_read_json(index).get("weight_map", {}).values())))
+        files = [os.path.join(directory, name) for name in files]
+    else:
+        files = [os.path.join(directory, WEIGHTS_FILE)]
+    for weights in files:
+        if not os.path.exists(weights):
+            raise PresetError(
+                f"The preset directory {directory!r} has no weights file "
+                f"{os.path.basename(weights)}. Load it with `load_weights=False` for "
+                "random weights, or save the model again."
+            )
+    for name, expected in checksums.items():
+        weights = os.path.join(directory, name)
+        if os.path.isfile(weights) and sha256(weights) != expected:
+            raise PresetError(
+                f"The weights file {weights!r} is corrupt: its SHA-256 is not the "
+                f"one recorded in {METADATA_FILE} when it was saved. Copy the preset "
+                "again or save the model again. (Weights replaced by hand on "
+                f"purpose: delete {CHECKSUMS_KEY!r} from {METADATA_FILE}.)"
+            )
+    for weights in files:
+        try:
+            with h5py.File(weights, "r") as f:
+                f.visit(lambda name: None)
+        except Exception as error:  # h5py raises OSError, RuntimeError, KeyError...
+            raise PresetError(
+                f"The weights file {weights!r} is corrupt or truncated ({type(error).__name__}: {error}). "
+                "Copy the preset again or save the model again."
+            ) from error
+
+
+def weights_count(directory):
+    """How many variables the weights files of a preset directory hold."""
+    import h5py
+
+    index = os.path.join(directory, SHARDED_WEIGHTS_INDEX)
+    if os.path.exists(index):
+        names = sorted(set(_flatten(_read_json(index).get("weight_map", {}).values())))
+    else:
+        names = [WEIGHTS_FILE]
+    count = 0
+    for name in names:
+        with h5py.File(os.path.join(directory, name), "r") as f:
+            datasets = []
+            f.visititems(lambda key, item: datasets.append(key) if isinstance(item, h5py.Dataset) else None)
+            count += len(datasets)
+    return count
+
+
+def check_loaded(directory, backbone):
+    """After loading: the weights files held exactly the backbone's
+    variables. Keras loads layers by name and skips the ones a smaller model
+    lacks without a word, so a config edited to fewer layers would load."""
+    expected, found = len(backbone.weights), weights_count(directory)
+    if found != expected:
+        raise PresetError(
+            f"The weights in {os.path.join(directory, WEIGHTS_FILE)!r} do not fit the model in "
+            f"{os.path.join(directory, CONFIG_FILE)!r}: they hold {found} variables, the model built from "
+            f"the config has {expected} (num_layers: {getattr(backbone, 'num_layers', '?')}). The config was "
+            "edited or belongs to another model: copy the preset again or save the model again."
+        )
+
+
+def _flatten(values):
+    for value in values:
+        if isinstance(value, list):
+            yield from value
+        else:
+            yield value
+
+
+def _check_tokenizer_assets(directory, tokenizer_config):
+    """The vocabulary files exist and read; returns `(file, size)` of the
+    vocabulary, or None when its size is not known here."""
+    assets = os.path.join(directory, ASSETS_DIR, TOKENIZER_FILE.split(".")[0])
+    files = sorted(glob.glob(os.path.join(assets, "*")))
+    if not files:
+        raise PresetError(
+            f"The preset directory {directory!r} has a {TOKENIZER_FILE} but no "
+            f"vocabulary in {os.path.join(ASSETS_DIR, 'tokenizer')}/: it is incomplete. "
+            "Save the model again with `save_to_preset`."
+        )
+    class_name = tokenizer_config.get("class_name", "")
+    size = None
+    for file in files:
+        if os.path.basename(file) == "vocab.json":  # a Marian tokenizer's ids
+            vocabulary = _read_json(file)
+            size = (file, max(map(int, vocabulary.values()), default=-1) + 1)
+        elif file.endswith(".spm") and "WordPiece" not in class_name:
+            pieces = _check_sentencepiece(file)
+            if "Marian" not in class_name:
+                size = (file, pieces)
+        elif "WordPiece" in class_name and file.endswith(".txt"):
+            with open(file, encoding="utf-8") as f:
+                size = (file, sum(1 for _ in f))
+    return size
+
+
+def _check_vocabulary_size(directory, backbone_config, file, size):
+    expected = backbone_config.get("config", {}).get("vocabulary_size")
+    if isinstance(expected, int) and expected != size:
+        raise PresetError(
+            f"The vocabulary {file!r} has {size} pieces, but the model in "
+            f"{os.path.join(directory, CONFIG_FILE)!r} has vocabulary_size {expected}: the vocabulary "
+            "belongs to another model. Copy the preset's own assets/tokenizer/ again, or save the model again."
+        )
+
+
+def _check_sentencepiece(file):
+    """The number of pieces of a SentencePiece model file; an error if it
+    does not read."""
+    import sentencepiece
+
+    with open(file, "rb") as f:
+        proto = f.read()
+    sentencepiece.set_min_log_level(2)  # no INFO lines on stderr
+    try:
+        return sentencepiece.SentencePieceProcessor(model_proto=proto).get_piece_size()
+    except RuntimeError as error:
+        raise PresetError(
+            f"The vocabulary file {file!r} is corrupt (SentencePiece cannot read "
+            f"it: {error}). Copy the preset again or save the model again."
+        ) from error

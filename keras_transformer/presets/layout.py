@@ -1,0 +1,32 @@
+"""The files of a preset directory, and the error for a preset that cannot be
+found or read."""
+
+import os
+
+PRESETS_DIR = os.path.dirname(os.path.abspath(__file__))  # the shipped presets
+
+CONFIG_FILE = "config.json"
+METADATA_FILE = "metadata.json"
+WEIGHTS_FILE = "model.weights.h5"
+SHARDED_WEIGHTS_INDEX = "model.weights.json"
+SHARDED_WEIGHTS_FILES = "model_*.weights.h5"  # the shards the index names
+# A backbone's weights, whole or sharded: a save of either replaces both,
+# since keras-hub reads a whole `model.weights.h5` before an index.
+WEIGHTS_ENTRIES = (WEIGHTS_FILE, SHARDED_WEIGHTS_INDEX, SHARDED_WEIGHTS_FILES)
+TASK_FILE = "task.json"
+TASK_WEIGHTS_FILE = "task.weights.h5"
+PREPROCESSOR_FILE = "preprocessor.json"
+TOKENIZER_FILE = "tokenizer.json"
+ASSETS_DIR = "assets"
+# metadata.json records the SHA-256 of each weights file a save writes.
+CHECKSUMS_KEY = "weights_sha256"
+# Everything a save writes: what an earlier save left and a new one does not
+# write again is removed, so that a directory never mixes two presets.
+PRESET_ENTRIES = (
+    CONFIG_FILE, METADATA_FILE, *WEIGHTS_ENTRIES, TASK_FILE,
+    TASK_WEIGHTS_FILE, PREPROCESSOR_FILE, TOKENIZER_FILE, ASSETS_DIR,
+)
+
+
+class PresetError(ValueError):
+    """A preset that cannot be found or read; the message says which file."""

@@ -1,0 +1,120 @@
+"""The presets shipped inside the package, by name, and reading a preset's
+JSON files by name, directory or handle."""
+
+import json
+import os
+
+from keras_transformer.presets.layout import CONFIG_FILE
+from keras_transformer.presets.layout import METADATA_FILE
+from keras_transformer.presets.layout import PRESETS_DIR
+
+
+def shipped_directories():
+    if not os.path.isdir(PRESETS_DIR):
+        return {}
+    return {
+        name: os.path.join(PRESETS_DIR, name)
+        for name in sorted(os.listdir(PRESETS_DIR))
+        if os.path.isfile(os.path.join(PRESETS_DIR, name, CONFIG_FILE))
+    }
+
+
+def read_metadata(directory):
+    """The `metadata.json` of a preset directory as a dict (empty if absent)."""
+    path = os.path.join(directory, METADATA_FILE)
+    if not os.path.exists(path):
+        return {}
+    with open(path, encoding="utf-8") as f:
+        return json.load(f)
+
+
+def preset_metadata(preset):
+    """The `metadata.json` of a preset given by name, directory or handle,
+    as a dict (empty if it has none or it cannot be read)."""
+    try:
+        return read_preset_file(preset, METADATA_FILE)
+    except FileNotFoundError:  # absent, or not reachable: the caller goes without.
+        return {}
+
+
+def read_preset_file(preset, name):
+    """One JSON file of a preset given by name, directory or handle, as a
+    dict; `FileNotFoundError` if the preset has no such file."""
+    directory = resolve(preset)
+    if os.path.isdir(directory):
+        path = os.path.join(directory, name)
+    elif "://" in str(preset):
+        # keras-hub has no public call that reads one file of a preset; its
+        # `get_file` downloads it into keras-hub's cache like the other files.
+        from keras_hub.src.utils.preset_utils import get_file
+
+        try:
+            path = get_file(preset, name)
+        except Exception as error:
+            raise FileNotFoundError(f"Could not read {name} of preset {preset!r}: {error}") from error
+    else:
+        raise FileNotFoundError(f"{preset!r} is neither a preset directory, a shipped preset nor a handle.")
+    if not os.path.exists(path):
+        raise FileNotFoundError(f"Preset {preset!r} has no {name}.")
+    with open(path, encoding="utf-8") as f:
+        return json.load(f)
+
+
+def _size_on_disk(directory):
+    return sum(
+        os.path.getsize(os.path.join(root, name))
+        for root, _, names in os.walk(directory)
+        for name in names
+    )
+
+
+def list_presets():
+    """The presets shipped with the package, by name.
+
+    Returns:
+        A dict from preset name to its metadata (`description`,
+        `parameter_count`, `scores` per test set, `decoding`, `training`,
+        `data`, `languages`...), plus `size_bytes` (on disk) and `path`.
+
+    Example:
+
+    >>> from keras_transformer import presets
+    >>> for name, info in presets.list_presets().items():
+    ...     print(name, info["languages"])  # doctest: +SKIP
+    transformer_multi30k_de_en {'source': 'de', 'target': 'en'}
+    transformer_multi30k_en_de {'source': 'en', 'target': 'de'}
+    """
+    presets = {}
+    for name, directory in shipped_directories().items():
+        info = read_metadata(directory)
+        info["size_bytes"] = _size_on_disk(directory)
+        info["path"] = directory
+        presets[name] = info
+    return presets
+
+
+def keras_hub_registry():
+    """The shipped presets in the form of keras-hub's `backbone_presets`.
+
+    The `kaggle_handle` of each is its directory inside the package, so that
+    keras-hub resolves the name with no network.
+    """
+    registry = {}
+    for name, directory in shipped_directories().items():
+        info = read_metadata(directory)
+        registry[name] = {
+            "metadata": {
+                "description": info.get("description", ""),
+                "params": info.get("parameter_count"),
+                "path": "transformer",
+            },
+            "kaggle_handle": directory,
+        }
+    return registry
+
+
+def resolve(preset):
+    """The local directory of a shipped preset name, or `preset` unchanged."""
+    return shipped_directories().get(preset, preset)
+
+

@@ -1,0 +1,291 @@
+"""Bad or hostile input ends in a clear error that names the problem, never
+in a traceback, a silently wrong result or the loss of the user's files."""
+
+import errno
+import gzip
+import io
+import json
+import os
+import shutil
+import subprocess
+import sys
+import warnings
+
+import keras
+import pytest
+
+from keras_transformer import cli
+from keras_transformer.models import TransformerBackbone
+from keras_transformer.models import TransformerSeq2SeqLM
+from keras_transformer.models import TransformerSeq2SeqLMPreprocessor
+from keras_transformer.models import TransformerTokenizer
+from keras_transformer.presets import PresetError
+from keras_transformer.utils.files import DiskFullError
+
+TEXTS = ["A dog runs.", "Two men play soccer."]
+
+
+@pytest.fixture
+def preset(small_tokenizer, tmp_path):
+    """A two-layer model saved as a preset: `(model, directory)`."""
+    backbone = TransformerBackbone(
+        small_tokenizer.vocabulary_size(), num_layers=2, d_model=32, d_ff=64, num_heads=2,
+        dropout=0.0, max_sequence_length=48,
+    )
+    model = TransformerSeq2SeqLM(backbone, TransformerSeq2SeqLMPreprocessor(small_tokenizer, 24, 24))
+    model.save_to_preset(tmp_path / "preset")
+    return model, str(tmp_path / "preset")
+
+
+def _stdin(monkeypatch, data):
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(data), encoding="utf-8", errors="surrogateescape"))
+
+
+# --- Text ---
+
+
+def test_text_that_is_not_utf8_names_the_line(preset, monkeypatch, tmp_path, capsys):
+    model, directory = preset
+    _stdin(monkeypatch, b"A dog runs.\n\xff\xfe bad\n")
+    with pytest.raises(SystemExit, match="error: line 2 of standard input is not valid UTF-8"):
+        cli.main(["translate", "--preset", directory, "--beam-size", "1"])
+    _stdin(monkeypatch, bytes(range(128, 256)) * 10)
+    with pytest.raises(SystemExit, match="error: line 1 of standard input is not valid UTF-8"):
+        cli.main(["translate", "--preset", directory, "--beam-size", "1"])
+    latin1 = tmp_path / "latin1.txt"
+    latin1.write_bytes("A dog runs.\nÜber alles.\n".encode("latin-1"))
+    with pytest.raises(SystemExit, match="error: line 2 of .*latin1.txt is not valid UTF-8"):
+        cli.main(["translate", "--preset", directory, "-i", str(latin1)])
+    # In Python: lone surrogates (bytes decoded with 'surrogateescape', as
+    # sys.argv is) and bytes that are not UTF-8.
+    with pytest.raises(ValueError, match="Text 1 holds '\\\\udcff' at character 6.*lone surrogate"):
+        model.generate(["A dog.", "A dog \udcff runs."], sampler="greedy")
+    with pytest.raises(ValueError, match="Text 0 is not valid UTF-8"):
+        model.generate([b"\xff dog"], sampler="greedy")
+
+
+def test_a_byte_order_mark_is_not_translated(preset, tmp_path, capsys):
+    model, directory = preset
+    assert cli._decode_lines(b"\xef\xbb\xbfA dog runs.\r\nA cat.\n", "f") == ["A dog runs.", "A cat."]
+    with_bom = tmp_path / "bom.txt"
+    with_bom.write_bytes("\ufeffA dog runs.\n".encode("utf-8"))
+    cli.main(["translate", "--preset", directory, "--beam-size", "1", "-i", str(with_bom)])
+    assert capsys.readouterr().out == model.generate(["A dog runs."], sampler="greedy")[0] + "\n"
+
+
+def test_generate_says_what_it_takes(preset):
+    model, _ = preset
+    for bad in (None, 5, 2.5):
+        with pytest.raises(TypeError, match="generate\\(\\) takes a string, a list of strings"):
+            model.generate(bad)
+    for alpha in (float("nan"), float("inf"), -1.0, "0.6"):
+        with pytest.raises(ValueError, match="alpha .* must be a finite number >= 0"):
+            model.generate(TEXTS, alpha=alpha)
+
+
+def test_cli_refuses_infinite_numbers(preset, capsys):
+    _, directory = preset
+    for option in (["--alpha", "inf"], ["--alpha", "nan"], ["--alpha=-inf"]):
+        with pytest.raises(SystemExit):
+            cli.main(["translate", "--preset", directory, *option, "A dog."])
+        assert "argument --alpha: must be" in capsys.readouterr().err
+
+
+# --- Presets ---
+
+
+def test_a_vocabulary_of_another_size_is_refused(preset, multi30k_train):
+    _, directory = preset
+    sources, targets = multi30k_train
+    other = TransformerTokenizer.train(sources[:2000] + targets[:2000], vocabulary_size=600)
+    with open(os.path.join(directory, "assets", "tokenizer", "vocabulary.spm"), "wb") as f:
+        f.write(other.proto)
+    for cls in (TransformerSeq2SeqLM, TransformerSeq2SeqLMPreprocessor):
+        with pytest.raises(PresetError, match="vocabulary.spm' has 600 pieces, but the model .* has vocabulary_size 1000"):
+            cls.from_preset(directory)
+
+
+def test_damaged_weights_are_a_preset_error(preset):
+    _, directory = preset
+    weights = os.path.join(directory, "model.weights.h5")
+    with open(weights, "r+b") as f:  # HDF5's own structures, not a tensor
+        f.seek(96)
+        f.write(b"\xff" * 16)
+    with pytest.raises(PresetError, match="SHA-256"):  # checked before the file is walked
+        TransformerSeq2SeqLM.from_preset(directory)
+    _edit_json(directory, "metadata.json", lambda m: m.pop("weights_sha256"))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # no SHA-256 recorded
+        with pytest.raises(PresetError, match="model.weights.h5' is corrupt or truncated"):
+            TransformerSeq2SeqLM.from_preset(directory)
+
+
+def test_checksums_malformed_or_missing(preset):
+    model, directory = preset
+    _edit_json(directory, "metadata.json", lambda m: m.update(weights_sha256={"model.weights.h5": "abc"}))
+    with pytest.raises(PresetError, match="malformed 'weights_sha256'"):
+        TransformerSeq2SeqLM.from_preset(directory)
+    os.remove(os.path.join(directory, "metadata.json"))
+    with pytest.warns(UserWarning, match="records no SHA-256 of its weights"):
+        TransformerSeq2SeqLM.from_preset(directory)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # once per directory
+        TransformerSeq2SeqLM.from_preset(directory)
+
+
+def test_a_config_that_does_not_fit_the_weights_is_refused(preset):
+    _, directory = preset
+
+    def one_layer(config):
+        for item in _dicts(config):
+            if "num_layers" in item:
+                item["num_layers"] = 1
+
+    for name in ("config.json", "task.json"):
+        _edit_json(directory, name, one_layer)
+    with pytest.raises(PresetError, match=r"do not fit the model .*config.json.* hold \d+ variables, .* has \d+ \(num_layers: 1\)"):
+        TransformerSeq2SeqLM.from_preset(directory)
+    with pytest.raises(PresetError, match="do not fit"):
+        TransformerBackbone.from_preset(directory)
+
+
+def test_crafted_presets_are_refused_with_the_file(preset):
+    _, directory = preset
+    original = _read_json(directory, "config.json")
+    lambda_layer = {
+        "module": "keras.layers", "class_name": "Lambda", "registered_name": "keras_transformer>TransformerBackbone",
+        "config": {"function": {"class_name": "__lambda__", "config": {"code": "print('hello')"}}},
+    }
+    _write_json(directory, "config.json", lambda_layer)
+    with pytest.raises(PresetError, match="config.json' names 'Lambda' as 'keras_transformer>TransformerBackbone'"):
+        TransformerSeq2SeqLM.from_preset(directory)
+    # A class of the package with an argument Keras refuses: Keras' own
+    # error, at the preset boundary.
+    _write_json(directory, "config.json", {**original, "config": {**original["config"], "activation": "bogus"}})
+    with pytest.raises(PresetError, match="cannot be built from its config files.*bogus"):
+        TransformerBackbone.from_preset(directory)
+    _write_json(directory, "config.json", original)
+    _edit_json(directory, "tokenizer.json", lambda t: t["config"].update(proto="/etc/passwd"))
+    with pytest.raises(PresetError, match="tokenizer.json' gives the tokenizer's 'proto'"):
+        TransformerTokenizer.from_preset(directory)
+
+
+def _read_json(directory, name):
+    with open(os.path.join(directory, name), encoding="utf-8") as f:
+        return json.load(f)
+
+
+def _write_json(directory, name, content):
+    with open(os.path.join(directory, name), "w", encoding="utf-8") as f:
+        json.dump(content, f)
+
+
+def _edit_json(directory, name, edit):
+    content = _read_json(directory, name)
+    edit(content)
+    _write_json(directory, name, content)
+
+
+def _dicts(value):
+    if isinstance(value, dict):
+        yield value
+        for item in value.values():
+            yield from _dicts(item)
+    elif isinstance(value, list):
+        for item in value:
+            yield from _dicts(item)
+
+
+# --- Full disks and the user's files ---
+
+
+def test_a_full_disk_is_said_and_leaves_the_preset_as_it_was(preset, monkeypatch, tmp_path):
+    model, directory = preset
+    before = {name: os.path.getmtime(os.path.join(directory, name)) for name in os.listdir(directory)}
+    for error in (
+        OSError(errno.ENOSPC, "No space left on device"),
+        # h5py's and TensorFlow's wording, in other exception types.
+        RuntimeError("Can't write data (file write failed: errno = 28, error message = 'No space left on device')"),
+    ):
+        def fail(*args, error=error, **kwargs):
+            raise error
+
+        monkeypatch.setattr(TransformerSeq2SeqLMPreprocessor, "save_to_preset", fail)
+        with pytest.raises(DiskFullError, match="^no space left on the device while saving the preset to"):
+            model.save_to_preset(directory)
+        assert {name: os.path.getmtime(os.path.join(directory, name)) for name in os.listdir(directory)} == before
+        assert sorted(os.listdir(tmp_path)) == ["preset"]  # nothing left behind
+
+
+@pytest.mark.skipif(keras.config.backend() != "tensorflow", reason="exports in this process on TensorFlow only")
+def test_export_overwrite_keeps_the_users_files_and_says_disk_full(preset, monkeypatch, tmp_path, capsys):
+    import tensorflow as tf
+
+    _, directory = preset
+    out = str(tmp_path / "exported")
+    cli.main(["export", "--preset", directory, "--beam-size", "1", out])
+    os.makedirs(os.path.join(out, "assets.extra"))
+    with open(os.path.join(out, "assets.extra", "tf_serving_warmup_requests"), "wb") as f:
+        f.write(b"warm-up")
+    with open(os.path.join(out, "NOTES.md"), "w") as f:
+        f.write("notes")
+    cli.main(["export", "--preset", directory, "--beam-size", "2", "--overwrite", out])
+    assert sorted(os.listdir(out)) == ["NOTES.md", "assets", "assets.extra", "fingerprint.pb", "saved_model.pb",
+                                       "variables"]
+    assert tf.saved_model.load(out).signatures["serving_default"](tf.constant(["A dog."]))["translations"].shape == (1,)
+
+    def full(*args, **kwargs):
+        raise tf.errors.ResourceExhaustedError(None, None, "saved_model.pb; No space left on device")
+
+    monkeypatch.setattr(tf.saved_model, "save", full)
+    with pytest.raises(SystemExit, match="^error: no space left on the device while exporting the SavedModel"):
+        cli.main(["export", "--preset", directory, "--overwrite", out])
+    assert sorted(os.listdir(tmp_path)) == ["exported", "preset"]
+    assert os.path.exists(os.path.join(out, "NOTES.md"))
+
+
+# --- Training data ---
+
+
+def test_a_failed_train_leaves_no_directory(tmp_path):
+    with pytest.raises(SystemExit, match="error: Multi30k file train.en.gz is not in"):
+        cli.main(["train", "--data-dir", str(tmp_path / "nowhere"), "--output-dir", str(tmp_path / "run")])
+    assert not os.path.exists(tmp_path / "run")
+
+
+def test_changed_multi30k_files_are_warned_of(multi30k_dir, tmp_path):
+    from keras_transformer.datasets import multi30k
+
+    for name in ("val.en.gz", "val.de.gz"):
+        shutil.copy(os.path.join(multi30k_dir, name), tmp_path / name)
+    with gzip.open(tmp_path / "val.de.gz", "rt", encoding="utf-8") as f:
+        lines = f.read().splitlines()
+    with gzip.open(tmp_path / "val.de.gz", "wt", encoding="utf-8") as f:  # one line deleted, one appended
+        f.write("\n".join(lines[1:] + ["Ein Satz."]) + "\n")
+    with pytest.warns(UserWarning, match="val.de.gz' differs from the published val.de.gz"):
+        sources, targets = multi30k.load("val", "en", "de", data_dir=str(tmp_path))
+    assert len(sources) == len(targets)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        multi30k.load("val", "en", "de", data_dir=str(tmp_path), verify=False)
+        multi30k.load("val", "en", "de", data_dir=multi30k_dir)  # the published files
+
+
+# --- A quiet terminal ---
+
+
+def test_the_command_line_prints_only_the_translation(preset, tmp_path):
+    _, directory = preset
+    env = {key: value for key, value in os.environ.items() if not key.startswith(("TF_CPP", "KERAS_TRANSFORMER_NATIVE"))}
+    script = shutil.which("keras-transformer", path=os.path.dirname(sys.executable))
+    command = [script] if script else [sys.executable, "-c", "from keras_transformer.cli import run; run()"]
+    result = subprocess.run(
+        [*command, "translate", "--preset", directory, "--beam-size", "1", "A man is riding a bicycle."],
+        capture_output=True, text=True, env=env, cwd=tmp_path, timeout=300,
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stderr == ""
+    assert len(result.stdout.splitlines()) == 1
+    result = subprocess.run([*command, "translate", "--preset", str(tmp_path / "none"), "A dog."],
+                            capture_output=True, text=True, env=env, cwd=tmp_path, timeout=300)
+    assert result.returncode == 1 and result.stderr.startswith("error: Unknown preset")
