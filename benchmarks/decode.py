@@ -21,6 +21,10 @@ test_2016_flickr sources with the same trained model, greedy and beam 4
   keeps extending beams that have ended, and stops when every beam of every
   source has produced an end token or at the batch's maximum length.
 
+`--ctranslate2` instead compares this package with CTranslate2 on the same
+weights, float32 and int8 (see `anchor_ctranslate2.py`; needs the `dev`
+extra's ctranslate2).
+
 Every method has the same maximum output length (source length + 50). The
 figure of merit is sentences per second; each timing is a second pass over
 the same sentences, after a first pass that compiles. BLEU (sacreBLEU, cased)
@@ -175,10 +179,21 @@ def main():
     parser.add_argument("--batch1-sentences", type=int, default=16, help="sentences timed one at a time")
     parser.add_argument("--batch64-sentences", type=int, default=128, help="sentences timed 64 at a time")
     parser.add_argument("--backends", default="jax,tensorflow,torch")
+    parser.add_argument("--ctranslate2", action="store_true",
+                        help="compare beam 4 with CTranslate2 (float32, int8) on the same weights")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--ctranslate2-worker", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
         return worker(args.preset, args.data_dir, args.batch1_sentences, args.batch64_sentences)
+    if args.ctranslate2_worker or args.ctranslate2:
+        import anchor_ctranslate2
+
+        if args.ctranslate2_worker:
+            return anchor_ctranslate2.ours_worker(
+                args.preset, args.data_dir, args.batch1_sentences, args.batch64_sentences
+            )
+        return anchor_ctranslate2.compare(args, os.path.abspath(__file__))
 
     print("| backend | decoding | batch | cached (sent/s) | recompute (sent/s) | keras-hub (sent/s) "
           "| cached / recompute | cached / keras-hub | BLEU cached | BLEU keras-hub |")

@@ -1,0 +1,128 @@
+"""This package against CTranslate2 on the same weights (`decode.py --ctranslate2`).
+
+The preset is written out with `keras_transformer.convert.export_marian`,
+converted by CTranslate2's own `TransformersConverter` (what
+`ct2-transformers-converter` runs) in float32 and int8, and both engines
+translate the same Multi30k test_2016_flickr sources with beam 4 and the
+same ranking: log P / |Y|^0.6 (this package's `length_penalty="length"`,
+CTranslate2's `length_penalty=0.6`), at most source length + 50 tokens.
+Sentences per second at batch 1 and batch 64 (a second pass, after a pass
+that compiles or warms up), BLEU (sacreBLEU, cased) of the batch-64 pass.
+CTranslate2 runs with as many threads as the machine has cores; this package
+runs on each Keras backend in its own process.
+"""
+
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+
+ALPHA, BEAM, OFFSET = 0.6, 4, 50
+
+
+def _sources(preset, data_dir, count):
+    from keras_transformer.datasets import multi30k
+    from keras_transformer.models import TransformerSeq2SeqLM
+
+    model = TransformerSeq2SeqLM.from_preset(preset)
+    sources, references = multi30k.load("test_2016_flickr", "en", "de", data_dir=data_dir)
+    return model, sources[:count], references[:count]
+
+
+def _timed(translate, items, batch_size):
+    batches = [items[i : i + batch_size] for i in range(0, len(items), batch_size)]
+    for batch in batches:  # compile / warm up
+        translate(batch)
+    start = time.perf_counter()
+    outputs = [output for batch in batches for output in translate(batch)]
+    return len(items) / (time.perf_counter() - start), outputs
+
+
+def ours_worker(preset, data_dir, batch1, batch64):
+    """Times this package on the current backend; prints one JSON line."""
+    import keras
+    import sacrebleu
+
+    model, sources, references = _sources(preset, data_dir, max(batch1, batch64))
+
+    def translate(texts):
+        return model.generate(texts, beam_size=BEAM, alpha=ALPHA, length_penalty="length",
+                              max_length_offset=OFFSET, batch_size=len(texts))
+
+    speed1, _ = _timed(translate, sources[:batch1], 1)
+    speed64, outputs = _timed(translate, sources[:batch64], 64)
+    bleu = sacrebleu.corpus_bleu(outputs, [references[:batch64]]).score
+    print(json.dumps({"engine": f"keras_transformer ({keras.config.backend()})", "dtype": "float32",
+                      "batch1": speed1, "batch64": speed64, "bleu": bleu}))
+
+
+def ctranslate2_rows(preset, data_dir, batch1, batch64):
+    """Converts the preset and times CTranslate2 in float32 and int8."""
+    import ctranslate2
+    import sacrebleu
+
+    from keras_transformer.convert import export_marian
+
+    model, sources, references = _sources(preset, data_dir, max(batch1, batch64))
+    tokenizer = model.preprocessor.tokenizer
+    ids = model.preprocessor.generate_preprocess(sources)  # <s> pieces </s>: the preset's framing
+    tokens = [[tokenizer.id_to_token(i) for i in row] for row in ids]
+    rows = []
+    with tempfile.TemporaryDirectory() as root:
+        marian_dir = export_marian(model, os.path.join(root, "marian"))
+        for dtype in ("float32", "int8"):
+            out = os.path.join(root, f"ct2-{dtype}")
+            ctranslate2.converters.TransformersConverter(marian_dir).convert(out, quantization=dtype)
+            translator = ctranslate2.Translator(out, device="cpu", intra_threads=os.cpu_count() or 1)
+
+            def translate(batch, translator=translator):
+                limit = max(map(len, batch)) + OFFSET
+                results = translator.translate_batch(batch, beam_size=BEAM, length_penalty=ALPHA,
+                                                     max_decoding_length=limit, max_batch_size=len(batch))
+                return [model.preprocessor.generate_postprocess(
+                    [[tokenizer.token_to_id(t) for t in r.hypotheses[0]]])[0] for r in results]
+
+            speed1, _ = _timed(translate, tokens[:batch1], 1)
+            speed64, outputs = _timed(translate, tokens[:batch64], 64)
+            bleu = sacrebleu.corpus_bleu(outputs, [references[:batch64]]).score
+            rows.append({"engine": f"CTranslate2 {ctranslate2.__version__}", "dtype": dtype,
+                         "batch1": speed1, "batch64": speed64, "bleu": bleu})
+    return rows
+
+
+def _processor():
+    try:
+        text = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
+    except OSError:
+        return platform.processor() or "unknown"
+    name = next((line.split(":", 1)[1].strip() for line in text.splitlines() if line.startswith("Model name")), "?")
+    return f"{name}, {os.cpu_count()} cores, AMX: {'yes' if 'amx' in text else 'no'}"
+
+
+def compare(args, script):
+    """The table: CTranslate2 float32 and int8, then this package per
+    backend, with ratios to CTranslate2 float32."""
+    print(f"processor: {_processor()}; preset {args.preset}; beam {BEAM}, log P / |Y|^{ALPHA}; "
+          f"batch 1: {args.batch1_sentences} sentences, batch 64: {args.batch64_sentences}", flush=True)
+    print("timing CTranslate2 ...", file=sys.stderr, flush=True)
+    rows = ctranslate2_rows(args.preset, args.data_dir, args.batch1_sentences, args.batch64_sentences)
+    for backend in args.backends.split(","):
+        print(f"timing {backend} ...", file=sys.stderr, flush=True)
+        env = {**os.environ, "KERAS_BACKEND": backend, "TF_CPP_MIN_LOG_LEVEL": "3"}
+        command = [sys.executable, script, "--ctranslate2-worker", "--preset", args.preset, "--data-dir",
+                   args.data_dir, "--batch1-sentences", str(args.batch1_sentences),
+                   "--batch64-sentences", str(args.batch64_sentences)]
+        process = subprocess.run(command, env=env, capture_output=True, text=True)
+        if process.returncode:
+            sys.exit(f"The {backend} worker failed:\n{process.stderr[-3000:]}")
+        rows.append(json.loads(process.stdout.strip().splitlines()[-1]))
+    anchor = rows[0]
+    print("| engine | weights | batch 1 (sent/s) | batch 64 (sent/s) | batch 1 / CT2 fp32 | batch 64 / CT2 fp32 | BLEU |")
+    print("| --- | --- | ---: | ---: | ---: | ---: | ---: |")
+    for row in rows:
+        print(f"| {row['engine']} | {row['dtype']} | {row['batch1']:.1f} | {row['batch64']:.1f} "
+              f"| {row['batch1'] / anchor['batch1']:.2f}x | {row['batch64'] / anchor['batch64']:.2f}x "
+              f"| {row['bleu']:.1f} |", flush=True)
