@@ -36,9 +36,10 @@ def multi30k_dir():
         ROOT, "..", "shared", "data", "multi30k"
     )
     if not os.path.exists(os.path.join(path, "train.en.gz")):
-        pytest.fail(
+        # A newcomer without the data runs the rest; `-ra` lists the skips.
+        pytest.skip(
             f"Multi30k not found at {path}: set KERAS_TRANSFORMER_MULTI30K to a "
-            "directory holding the raw task 1 files (train.en.gz, ...)."
+            "directory holding the raw task 1 files (train.en.gz, ...) to run this test."
         )
     return path
 
