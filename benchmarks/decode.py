@@ -46,7 +46,8 @@ def _round_up(value, multiple):
 
 
 class Recompute:
-    """A model stand-in for `beam_search` that decodes without a cache.
+    """A model stand-in for `beam_search` that decodes without a cache: pass
+    it with `functions=recompute.decoding_functions()`.
 
     Its "cache" holds the output prefix of every beam (a NumPy array that
     the step reorders to the beams' parents) and the encoder output; each
@@ -56,7 +57,7 @@ class Recompute:
     def __init__(self, model):
         self.model = model
         self.backbone = model.backbone
-        self.preprocessor = model.preprocessor
+        self.special_token_ids = model.special_token_ids
         self._functions = None
 
     def empty_self_attention_cache(self, rows, max_length):
@@ -67,11 +68,12 @@ class Recompute:
         if self._functions is None:
             from keras import ops
 
-            from keras_transformer.decoding.beam import best_extensions
             from keras_transformer.decoding.compiled import compile_for_inference
+            from keras_transformer.decoding.interface import never_output_bias
+            from keras_transformer.decoding.rules import best_extensions
 
             model = self.model
-            never_output = model.never_output_bias()
+            never_output = never_output_bias(model)
 
             def encode(encoder_token_ids, encoder_padding_mask):
                 output = model.encode(encoder_token_ids, encoder_padding_mask)
@@ -112,13 +114,15 @@ def worker(preset, data_dir, batch1_sentences, batch64_sentences):
     model = TransformerSeq2SeqLM.from_preset(preset)
     sources, references = multi30k.load("test_2016_flickr", "en", "de", data_dir=data_dir)
     count = max(batch1_sentences, batch64_sentences)
-    token_ids = model._tokenize_sources(sources[:count])
+    token_ids = model.preprocessor.generate_preprocess(sources[:count], model.backbone.max_sequence_length)
     recompute = Recompute(model)
 
     def ours(target, sampler):
         beam_size, alpha = (1, 0.0) if sampler == "greedy" else (4, 0.6)
+        functions = target.decoding_functions() if isinstance(target, Recompute) else None
         return lambda batch: [
-            r[0][0] if r else [] for r in beam_search(target, batch, beam_size=beam_size, alpha=alpha)
+            r[0][0] if r else []
+            for r in beam_search(target, batch, beam_size=beam_size, alpha=alpha, functions=functions)
         ]
 
     def keras_hub_sampler(sampler):
@@ -152,7 +156,7 @@ def worker(preset, data_dir, batch1_sentences, batch64_sentences):
                 speed, outputs = timed(translate, batch_size, n)
                 bleu = None
                 if batch_size == 64:
-                    texts = [model._detokenize(ids) for ids in outputs]
+                    texts = model.preprocessor.generate_postprocess(outputs)
                     bleu = sacrebleu.corpus_bleu(texts, [references[:n]]).score
                 rows.append(
                     {"sampler": sampler, "batch": batch_size, "method": method, "sentences_per_second": speed, "bleu": bleu}

@@ -22,8 +22,9 @@ Signatures:
   `(batch,)`) and `scores` (float32 `(batch,)`, log P / lp).
 
 The beam search here is `keras_transformer.decoding.beam.beam_search` as one
-`tf.while_loop`, written with the same rules in the same order, so that the
-SavedModel gives the package's own translations. An empty or blank text
+`tf.while_loop`: both follow the rules of `keras_transformer.decoding.rules`
+(output budgets, candidates, ranking, stopping), so that the SavedModel
+gives the package's own translations. An empty or blank text
 gives an empty translation (score 0); a text longer than the model's
 `max_sequence_length` fails with an error naming the limit.
 
@@ -37,9 +38,11 @@ import sys
 
 import keras
 import tensorflow as tf
+import tensorflow.experimental.numpy as tnp
 import tensorflow_text as tf_text
 
-from keras_transformer.decoding.beam import best_extensions
+from keras_transformer.decoding import rules
+from keras_transformer.decoding.interface import never_output_bias
 from keras_transformer.utils.files import move_into_place
 from keras_transformer.utils.files import reporting_full_disk
 from keras_transformer.utils.files import staging_directory
@@ -213,7 +216,7 @@ class Translator(tf.Module):
         special = model.special_token_ids
         self.pad_id, self.start_id, self.end_id = special.pad, special.start, special.end
         self.source_start_id = special.source_start
-        self.never_output = tf.constant(model.never_output_bias())
+        self.never_output = tf.constant(never_output_bias(model))
 
     @tf.function(input_signature=[tf.TensorSpec([None], tf.string, name="text")], autograph=False)
     def translate(self, text):
@@ -247,7 +250,7 @@ class Translator(tf.Module):
         with tf.control_dependencies([check]):
             encoder_ids = sources.to_tensor(default_value=self.pad_id)
         encoder_mask = tf.cast(tf.sequence_mask(source_lengths, tf.shape(encoder_ids)[1]), tf.int32)
-        budgets = tf.minimum(source_lengths + self.max_length_offset, limit - 1)
+        budgets = rules.output_budget(source_lengths, self.max_length_offset, limit, xp=tnp)
         token_ids, lengths, scores = self._beam_search(encoder_ids, encoder_mask, budgets)
         lengths = tf.where(empty, 0, lengths)
         scores = tf.where(empty, 0.0, scores)
@@ -256,7 +259,7 @@ class Translator(tf.Module):
         return token_ids, lengths, scores
 
     def _length_penalty(self, length):
-        return ((5.0 + tf.cast(length, tf.float64)) / 6.0) ** self.alpha
+        return rules.length_penalty(length, self.alpha, "gnmt", xp=tnp)
 
     def _beam_search(self, encoder_ids, encoder_mask, budgets):
         """`decoding.beam.beam_search` (num_results=1) as a while loop."""
@@ -265,8 +268,7 @@ class Translator(tf.Module):
         batch = tf.shape(encoder_ids)[0]
         max_budget = tf.reduce_max(tf.concat([budgets, [1]], axis=0))  # 1 for an empty batch
         length_limit = max_budget + 1  # positions, the start token's included
-        encoder_output = model.encode(encoder_ids, encoder_mask)
-        cross = [layer.cross_attention.project_key_value(encoder_output) for layer in model.backbone.decoder_layers]
+        cross = model.cross_attention_cache(model.encode(encoder_ids, encoder_mask))
         cross = [(tf.repeat(keys, k, axis=0), tf.repeat(values, k, axis=0)) for keys, values in cross]
         beam_mask = tf.repeat(encoder_mask, k, axis=0)
         self_caches = model.empty_self_attention_cache(batch * k, length_limit)
@@ -294,7 +296,7 @@ class Translator(tf.Module):
                 tokens[:, None], index, list(zip(caches, cross)), beam_mask
             )
             caches = [self_cache for self_cache, _ in cache]
-            values, flat = best_extensions(logits, log_probs, self.never_output, 2 * k)
+            values, flat = rules.best_extensions(logits, log_probs, self.never_output, 2 * k)
             values = tf.cast(values, tf.float64)
             parent, token = flat // vocabulary_size, flat % vocabulary_size
             length = index + 1
@@ -329,11 +331,12 @@ class Translator(tf.Module):
             last_scores = tf.where(last, new_log_probs / self._length_penalty(length), never)
             finished = merge_finished(finished, sequences, tf.fill(tf.shape(new_parents), length), last_scores)
 
-            # Done: at the maximum length, k finished, nothing live, or no
-            # live beam can beat the best finished one any more.
-            reachable = tf.reduce_max(new_log_probs, axis=1) / self._length_penalty(budgets)
-            beaten = (count >= 1) & (finished[2][:, 0] >= reachable)
-            done = done | at_budget | (count >= k) | (live == 0) | beaten
+            # Done: at the maximum length, nothing live, or by the stopping rule.
+            over = rules.search_is_over(
+                count, tf.reduce_max(new_log_probs, axis=1), finished[2][:, 0], finished[2][:, k - 1],
+                length, budgets, k, 1, self.alpha, "gnmt", xp=tnp,
+            )
+            done = done | at_budget | (live == 0) | over
 
             log_probs = tf.cast(tf.where(done[:, None], never, new_log_probs), tf.float32)
             parents_flat = tf.reshape(rows[:, None] * k + new_parents, [-1])

@@ -33,13 +33,16 @@ def attention_maps(model, source, target=None):
         `cross_attention` (`(h, T, S)`) a list with one float array per
         layer; each row (a query position) sums to 1.
     """
-    tokenizer = model._require_tokenizer()
+    if model.preprocessor is None:
+        raise ValueError("Attention maps need a model with a preprocessor (its tokenizer) to read text.")
+    preprocessor = model.preprocessor
+    tokenizer = preprocessor.tokenizer
     if not str(source).strip():
         raise ValueError("The source text is empty: there is no attention to show.")
     if target is None:
         target = model.generate(source, sampler="greedy")
-    source_ids = model._tokenize_sources([source])[0]
-    target_ids = model.special_token_ids.frame_target(model.preprocessor.target_token_ids([target])[0])[:-1]
+    source_ids = preprocessor.generate_preprocess([source], model.backbone.max_sequence_length)[0]
+    target_ids = preprocessor.decoder_inputs(target)
     backbone = model.backbone
     encoder_ids = np.array([source_ids], "int32")
     decoder_ids = np.array([target_ids], "int32")

@@ -1,8 +1,16 @@
 """Decoding (paper section 6.1): beam search with a length penalty, and
-greedy decoding, both incremental with a key/value cache."""
+greedy decoding, both incremental with a key/value cache.
+
+`rules.py` holds the search's rules, `interface.py` what decoding needs of a
+model (`Seq2SeqDecodingModel`), `beam.py` and `greedy.py` the searches on
+the host, `samplers.py` keras-hub's samplers on the same models, and
+`compiled.py` the one place that compiles per backend.
+"""
 
 from keras_transformer.decoding.beam import beam_search
-from keras_transformer.decoding.beam import length_penalty
 from keras_transformer.decoding.greedy import greedy_search
+from keras_transformer.decoding.interface import Seq2SeqDecodingModel
+from keras_transformer.decoding.interface import decoding_functions
+from keras_transformer.decoding.rules import length_penalty
 
-__all__ = ["beam_search", "greedy_search", "length_penalty"]
+__all__ = ["Seq2SeqDecodingModel", "beam_search", "decoding_functions", "greedy_search", "length_penalty"]

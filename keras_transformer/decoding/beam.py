@@ -13,66 +13,26 @@ where |Y| counts the output tokens, the end token included. keras-hub's
 ended, adding to their scores; here a hypothesis that emits the end token is
 set aside, finished, and never extended again.
 
-At each step the `2 * beam_size` best extensions of the live beams are
-ranked (as fairseq does). End tokens among the best `beam_size` of them
-finish hypotheses; the best `beam_size` others stay live. A source is done
-when it has `beam_size` finished hypotheses, when no live beam can still
-beat the best finished one (the n-th best when n results are asked for:
-log-probabilities only fall, and with alpha >= 0 the penalty only grows, so
-a live beam's best possible score is its log-probability over the penalty
-at the maximum length), or at the maximum length, where the live beams
-finish as they are. With `beam_size=1` this is
-greedy decoding.
+The search's rules (output budget, candidates, ranking, maximum length,
+stopping) are written once in `rules.py`, which the SavedModel's in-graph
+search follows too. This module runs them on the host, between compiled
+steps (`interface.decoding_functions`), with sources that are done leaving
+the batch. With `beam_size=1` this is greedy decoding.
 """
 
 import numpy as np
 from keras import ops
 
-# Positions by which the self-attention cache grows (a multiple of 8).
-CACHE_CHUNK = 16
-
-
-# "gnmt": the paper's (GNMT's) ((5 + |Y|) / 6) ** alpha; "length": |Y| **
-# alpha, as Hugging Face transformers (and Marian) rank hypotheses.
-LENGTH_PENALTIES = ("gnmt", "length")
-
-
-def length_penalty(length, alpha, kind="gnmt"):
-    """lp(Y): GNMT's ((5 + |Y|) / 6) ** alpha, or |Y| ** alpha for `"length"`."""
-    length = np.asarray(length, "float64")
-    if kind == "length":
-        return length**alpha
-    return ((5.0 + length) / 6.0) ** alpha
-
+from keras_transformer.decoding.interface import decoding_functions
+from keras_transformer.decoding.rules import LENGTH_PENALTIES
+from keras_transformer.decoding.rules import length_penalty
+from keras_transformer.decoding.rules import output_budgets
+from keras_transformer.decoding.rules import search_is_over
 
 _penalty = length_penalty  # `beam_search`'s argument of the same name hides it
 
-
-def best_extensions(logits, log_probs, never_output, count):
-    """The `count` best one-token extensions of each source's beams.
-
-    Runs inside the compiled decoding step, so that only `count` candidates
-    a source leave the device.
-
-    Args:
-        logits: `(batch * beams, vocabulary_size)` next-token logits.
-        log_probs: `(batch, beams)` float32 log-probabilities of the beams
-            (`-inf` for beams that are not live).
-        never_output: `(vocabulary_size,)` float32, 0 for tokens that may be
-            output and `-inf` for those that may not (padding, start).
-        count: how many extensions to return a source.
-
-    Returns:
-        `(values, indices)`, each `(batch, count)`, best first: the
-        extensions' log-probabilities and their flat indices
-        `beam * vocabulary_size + token`.
-    """
-    log_probs = ops.convert_to_tensor(log_probs, "float32")
-    batch, beams = ops.shape(log_probs)[0], ops.shape(log_probs)[1]
-    token_log_probs = ops.add(ops.log_softmax(ops.cast(logits, "float32"), axis=-1), never_output)
-    vocabulary_size = ops.shape(token_log_probs)[-1]
-    candidates = ops.add(log_probs[:, :, None], ops.reshape(token_log_probs, (batch, beams, vocabulary_size)))
-    return ops.top_k(ops.reshape(candidates, (batch, beams * vocabulary_size)), count)
+# Positions by which the self-attention cache grows (a multiple of 8).
+CACHE_CHUNK = 16
 
 
 def pad_sources(sources, pad_id, max_length=None):
@@ -87,7 +47,7 @@ def pad_sources(sources, pad_id, max_length=None):
             f"A source of {longest} tokens is longer than the model's max_sequence_length="
             f"{max_length}. Split the text into sentences first."
         )
-    length = _round_up(longest, 8)
+    length = round_up(longest, 8)
     if max_length is not None:
         length = min(length, max_length)
     encoder_ids = np.full((len(sources), length), pad_id, "int32")
@@ -107,29 +67,25 @@ def _grow_self_attention_cache(cache, length):
     return [((grow(keys), grow(values)), cross) for (keys, values), cross in cache]
 
 
-def output_budgets(sources, max_length_offset, limit):
-    """The output tokens each non-empty source may have: its length plus
-    `max_length_offset`, within the model's `limit` positions (the start
-    token takes one), as an int array."""
-    budgets = np.array([min(len(ids) + max_length_offset, limit - 1) for ids in sources])
-    if len(budgets) and budgets.min() < 1:
-        raise ValueError(
-            f"max_length_offset={max_length_offset} leaves no output token for a source of "
-            f"{min(len(ids) for ids in sources)} tokens: outputs may have the source's length plus "
-            "max_length_offset tokens."
-        )
-    return budgets
-
-
-def _round_up(value, multiple):
+def round_up(value, multiple):
     return -(-value // multiple) * multiple
 
 
-def beam_search(model, sources, beam_size=4, alpha=0.6, max_length_offset=50, num_results=1, length_penalty="gnmt"):
+def beam_search(
+    model,
+    sources,
+    beam_size=4,
+    alpha=0.6,
+    max_length_offset=50,
+    num_results=1,
+    length_penalty="gnmt",
+    functions=None,
+):
     """Translates token id sequences with beam search.
 
     Args:
-        model: a `TransformerSeq2SeqLM`.
+        model: a `Seq2SeqDecodingModel` (`keras_transformer.decoding.interface`),
+            such as a `TransformerSeq2SeqLM`.
         sources: a list of source token id lists (start and end tokens
             included); an empty list gives an empty result.
         beam_size: live hypotheses per source (the paper: 4).
@@ -144,6 +100,9 @@ def beam_search(model, sources, beam_size=4, alpha=0.6, max_length_offset=50, nu
             alpha), which also stops as transformers' beam search does
             (`early_stopping=False`), so that it gives transformers'
             outputs.
+        functions: the `(encode, step)` pair to run; by default the model's
+            `decoding_functions(model)` (another pair times other ways of
+            running a step, as `benchmarks/decode.py` does).
 
     Returns:
         For each source, a list of `num_results` `(token_ids, score,
@@ -171,9 +130,9 @@ def beam_search(model, sources, beam_size=4, alpha=0.6, max_length_offset=50, nu
     limit = model.backbone.max_sequence_length
     encoder_ids, encoder_mask = pad_sources([sources[i] for i in rows], pad_id, limit)
     budgets = output_budgets([sources[i] for i in rows], max_length_offset, limit)
-    max_length = min(_round_up(int(budgets.max()) + 1, 8), limit)
+    max_length = min(round_up(int(budgets.max()) + 1, 8), limit)
 
-    encode, step = model.decoding_functions()
+    encode, step = functions or decoding_functions(model)
     _, cross_caches = encode(encoder_ids, encoder_mask)
     # Every beam of a source reads the same encoder keys and values.
     beam_mask = np.repeat(encoder_mask, k, axis=0)
@@ -241,20 +200,12 @@ def beam_search(model, sources, beam_size=4, alpha=0.6, max_length_offset=50, nu
                 done[row] = True
             elif live == 0:
                 done[row] = True
-            elif penalty_kind == "length":
-                # transformers' rule (early_stopping=False): with k finished,
-                # go on while the best live beam, scored at the current
-                # length, beats the k-th best finished one.
-                if len(finished[source]) >= k:
-                    kth = sorted((score for score, _, _ in finished[source]), reverse=True)[k - 1]
-                    done[row] = new_log_probs[row, :live].max() / _penalty(length, alpha, penalty_kind) <= kth
-            elif len(finished[source]) >= k:
-                done[row] = True
-            elif len(finished[source]) >= num_results:
-                # The n-th best finished score that a live beam must beat.
-                bar = sorted((score for score, _, _ in finished[source]), reverse=True)[num_results - 1]
-                reachable = new_log_probs[row, :live].max() / _penalty(budgets[source], alpha, penalty_kind)
-                done[row] = bar >= reachable
+            else:
+                scores = sorted((score for score, _, _ in finished[source]), reverse=True) + [-np.inf] * k
+                done[row] = search_is_over(
+                    len(finished[source]), new_log_probs[row, :live].max(), scores[num_results - 1],
+                    scores[k - 1], length, budgets[source], k, num_results, alpha, penalty_kind,
+                )
         if done.all():
             break
         # Row indices into the cache, as the next step reads it.

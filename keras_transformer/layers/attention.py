@@ -245,6 +245,14 @@ class MultiHeadAttention(keras.layers.Layer):
         key = value if key is None else key
         return self.key_dense(key), self.value_dense(value)
 
+    def empty_cache(self, batch_size, length, dtype=None):
+        """A zeroed self-attention key/value cache of `length` positions:
+        `(key_cache, value_cache)`, each `(batch_size, length, num_heads,
+        d_k | d_v)`, for `call(..., cache=..., cache_update_index=...)`."""
+        shape = (batch_size, length, self.num_heads)
+        dtype = dtype or self.compute_dtype
+        return ops.zeros(shape + (self._d_k,), dtype), ops.zeros(shape + (self._d_v,), dtype)
+
     def _attention_mask(self, query_heads, key_heads, attention_mask, causal, offset):
         """Boolean `(batch, 1, target_length, source_length)` mask, or None."""
         mask = None

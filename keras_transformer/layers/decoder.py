@@ -100,7 +100,7 @@ class TransformerDecoderLayer(TransformerLayerBase):
             )
         self_mask = None if decoder_padding_mask is None else decoder_padding_mask[:, None, :]
         cross_mask = None if encoder_padding_mask is None else encoder_padding_mask[:, None, :]
-        scores, caches = {}, []
+        scores, updated = {}, {}
 
         def self_attention(x):
             outputs = self.self_attention(
@@ -112,7 +112,10 @@ class TransformerDecoderLayer(TransformerLayerBase):
                 cache_update_index=self_attention_cache_update_index,
                 training=training,
             )
-            return _unpack(outputs, "self_attention", scores, caches)
+            x, scores["self_attention"], updated["cache"] = _split_attention_outputs(
+                outputs, return_attention_scores, self_attention_cache is not None
+            )
+            return x
 
         def cross_attention(x):
             outputs = self.cross_attention(
@@ -122,7 +125,10 @@ class TransformerDecoderLayer(TransformerLayerBase):
                 cache=cross_attention_cache,
                 training=training,
             )
-            return _unpack(outputs, "cross_attention", scores, [])
+            x, scores["cross_attention"], _ = _split_attention_outputs(
+                outputs, return_attention_scores, cross_attention_cache is not None
+            )
+            return x
 
         x = self._residual(decoder_sequence, self_attention, self.self_attention_norm, training)
         x = self._residual(x, cross_attention, self.cross_attention_norm, training)
@@ -133,17 +139,17 @@ class TransformerDecoderLayer(TransformerLayerBase):
         if return_attention_scores:
             outputs += (scores,)
         if self_attention_cache is not None:
-            outputs += (caches[0],)
+            outputs += (updated["cache"],)
         return outputs[0] if len(outputs) == 1 else outputs
 
 
-def _unpack(outputs, name, scores, caches):
-    """Splits a `MultiHeadAttention` result into output, weights and cache."""
-    if not isinstance(outputs, tuple):
-        return outputs
-    rest = list(outputs[1:])
-    if len(rest) == 2 or not isinstance(rest[0], tuple):
-        scores[name] = rest.pop(0)
-    if rest:
-        caches.append(rest.pop(0))
-    return outputs[0]
+def _split_attention_outputs(outputs, with_scores, with_cache):
+    """`(output, weights, cache)` of a `MultiHeadAttention` call, which
+    returns the output, then the weights if asked for, then the cache if one
+    was given; None for what it did not return."""
+    if not (with_scores or with_cache):
+        return outputs, None, None
+    output, *rest = outputs
+    weights = rest.pop(0) if with_scores else None
+    cache = rest.pop(0) if with_cache else None
+    return output, weights, cache

@@ -245,36 +245,91 @@ class TransformerBackbone(PresetIO, keras_hub.models.Backbone):
     def decode(
         self,
         token_ids,
-        encoder_output,
+        encoder_output=None,
         decoder_padding_mask=None,
         encoder_padding_mask=None,
         training=None,
         return_attention_scores=False,
+        cache=None,
+        cache_index=0,
     ):
-        """The decoder stack on the whole target at once (teacher forcing).
+        """The decoder stack: the whole target at once (teacher forcing), or
+        the next positions of an incremental decoding (section 6.1).
 
-        With `return_attention_scores`, also a list with each layer's
-        `{"self_attention": ..., "cross_attention": ...}` weights,
-        `(batch, heads, target_length, target_length | source_length)`.
+        Args:
+            token_ids: int `(batch, target_length)`; with a cache, the
+                tokens at positions `cache_index` to `cache_index +
+                target_length - 1`.
+            encoder_output: `(batch, source_length, d_model)`; not needed
+                with a cache, which holds its keys and values.
+            decoder_padding_mask: optional `(batch, target_length)`.
+            encoder_padding_mask: optional `(batch, source_length)`.
+            training: whether dropout is active.
+            return_attention_scores: also return a list with each layer's
+                `{"self_attention": ..., "cross_attention": ...}` weights,
+                `(batch, heads, target_length, target_length | source_length)`.
+            cache: optional, one `(self_attention_cache,
+                cross_attention_cache)` per decoder layer: from
+                `empty_self_attention_cache` and `cross_attention_cache`, or
+                from a previous call.
+            cache_index: where `token_ids` go in the self-attention caches.
+
+        Returns:
+            The decoder output `(batch, target_length, d_model)`; then the
+            attention weights if asked for; then, with a cache, the cache
+            with the positions of `token_ids` written.
         """
         x = self.embed(
-            token_ids, self.decoder_position, self.decoder_embeddings_dropout, training=training
+            token_ids,
+            self.decoder_position,
+            self.decoder_embeddings_dropout,
+            start_index=0 if cache is None else cache_index,
+            training=training,
         )
-        scores = []
-        for layer in self.decoder_layers:
-            x = layer(
+        scores, new_cache = [], []
+        for i, layer in enumerate(self.decoder_layers):
+            self_cache, cross_cache = (None, None) if cache is None else cache[i]
+            outputs = layer(
                 x,
                 encoder_output,
                 decoder_padding_mask=decoder_padding_mask,
                 encoder_padding_mask=encoder_padding_mask,
+                self_attention_cache=self_cache,
+                self_attention_cache_update_index=None if cache is None else cache_index,
+                cross_attention_cache=cross_cache,
                 return_attention_scores=return_attention_scores,
                 training=training,
             )
-            if return_attention_scores:
-                x, weights = x
-                scores.append(weights)
+            if return_attention_scores or cache is not None:
+                x, *rest = outputs
+                if return_attention_scores:
+                    scores.append(rest.pop(0))
+                if cache is not None:
+                    new_cache.append((rest.pop(0), cross_cache))
+            else:
+                x = outputs
         x = x if self.decoder_norm is None else self.decoder_norm(x)
-        return (x, scores) if return_attention_scores else x
+        outputs = (x,)
+        if return_attention_scores:
+            outputs += (scores,)
+        if cache is not None:
+            outputs += (new_cache,)
+        return outputs[0] if len(outputs) == 1 else outputs
+
+    def cross_attention_cache(self, encoder_output):
+        """The encoder output's keys and values for the encoder-decoder
+        attention of every decoder layer: computed once per source, read
+        at every decoding step. A list of `(key_heads, value_heads)`."""
+        return [layer.cross_attention.project_key_value(encoder_output) for layer in self.decoder_layers]
+
+    def empty_self_attention_cache(self, batch_size, max_length):
+        """Zeroed self-attention key/value caches of `max_length` positions,
+        one `(keys, values)` per decoder layer, each `(batch_size,
+        max_length, heads, d_k | d_v)`."""
+        return [
+            layer.self_attention.empty_cache(batch_size, max_length, self.compute_dtype)
+            for layer in self.decoder_layers
+        ]
 
     def get_config(self):
         config = super().get_config()

@@ -6,14 +6,16 @@ import keras_hub
 import numpy as np
 from keras import ops
 
-from keras_transformer.decoding.beam import LENGTH_PENALTIES
 from keras_transformer.decoding.beam import beam_search
-from keras_transformer.decoding.beam import pad_sources
+from keras_transformer.decoding.rules import LENGTH_PENALTIES
+from keras_transformer.decoding.samplers import keras_hub_generate_step
+from keras_transformer.decoding.samplers import sample
 from keras_transformer.losses import LabelSmoothedCrossEntropy
 from keras_transformer.models.transformer.backbone import TransformerBackbone
 from keras_transformer.models.transformer.seq2seq_lm_preprocessor import (
     TransformerSeq2SeqLMPreprocessor,
 )
+from keras_transformer.models.transformer.seq2seq_lm_preprocessor import source_texts
 from keras_transformer.models.transformer.special_tokens import special_token_ids
 from keras_transformer.presets import PresetIO
 from keras_transformer.schedules import paper_optimizer
@@ -152,35 +154,28 @@ class TransformerSeq2SeqLM(PresetIO, keras_hub.models.Seq2SeqLM):
         return self.special_token_ids.pad
 
     # === Incremental decoding (section 6.1) ===
+    # The interface that decoding reads (`decoding.interface.Seq2SeqDecodingModel`).
 
     def encode(self, encoder_token_ids, encoder_padding_mask):
         """The encoder output for a batch of sources."""
         return self.backbone.encode(encoder_token_ids, encoder_padding_mask)
 
+    def cross_attention_cache(self, encoder_output):
+        """The encoder output's keys and values, per decoder layer (see
+        `TransformerBackbone.cross_attention_cache`)."""
+        return self.backbone.cross_attention_cache(encoder_output)
+
     def empty_self_attention_cache(self, batch_size, max_length):
         """Zeroed self-attention key/value caches, one `(keys, values)` per
         decoder layer, each `(batch_size, max_length, heads, d_k | d_v)`."""
-        cache = []
-        for layer in self.backbone.decoder_layers:
-            attention = layer.self_attention
-            shape = (batch_size, max_length, attention.num_heads)
-            cache.append(
-                (
-                    ops.zeros(shape + (attention._d_k,), self.compute_dtype),
-                    ops.zeros(shape + (attention._d_v,), self.compute_dtype),
-                )
-            )
-        return cache
+        return self.backbone.empty_self_attention_cache(batch_size, max_length)
 
     def initial_cache(self, encoder_output, max_length):
         """The decoding state of every decoder layer: an empty self-attention
         key/value cache of `max_length` positions, and the encoder output's
         keys and values for the encoder-decoder attention, computed once."""
         self_caches = self.empty_self_attention_cache(ops.shape(encoder_output)[0], max_length)
-        return [
-            (self_cache, layer.cross_attention.project_key_value(encoder_output))
-            for self_cache, layer in zip(self_caches, self.backbone.decoder_layers)
-        ]
+        return list(zip(self_caches, self.cross_attention_cache(encoder_output)))
 
     def call_decoder_with_cache(self, token_ids, index, cache, encoder_padding_mask):
         """One decoding step: the logits after `token_ids` at position `index`.
@@ -200,81 +195,15 @@ class TransformerSeq2SeqLM(PresetIO, keras_hub.models.Seq2SeqLM):
             position after the last token, and the cache with the tokens'
             positions written.
         """
-        hidden_states, cache = self._decoder_states_with_cache(token_ids, index, cache, encoder_padding_mask)
-        return self.backbone.token_embedding(hidden_states[:, -1, :], reverse=True), cache
-
-    def _decoder_states_with_cache(self, token_ids, index, cache, encoder_padding_mask):
-        """`call_decoder_with_cache`'s decoder output `(batch, n, d_model)`
-        for the `n` tokens given, before the output projection."""
-        backbone = self.backbone
-        x = backbone.embed(
-            token_ids, backbone.decoder_position, backbone.decoder_embeddings_dropout, start_index=index
+        hidden_states, cache = self.backbone.decode(
+            token_ids, encoder_padding_mask=encoder_padding_mask, cache=cache, cache_index=index
         )
-        new_cache = []
-        for layer, (self_cache, cross_cache) in zip(backbone.decoder_layers, cache):
-            x, self_cache = layer(
-                x,
-                encoder_padding_mask=encoder_padding_mask,
-                self_attention_cache=self_cache,
-                self_attention_cache_update_index=index,
-                cross_attention_cache=cross_cache,
-            )
-            new_cache.append((self_cache, cross_cache))
-        if backbone.decoder_norm is not None:
-            x = backbone.decoder_norm(x)
-        return x, new_cache
-
-    def never_output_bias(self):
-        """`(vocabulary_size,)` float32: `-inf` for the tokens that decoding
-        never outputs (padding and start), 0 for the others."""
-        bias = np.zeros(self.backbone.vocabulary_size, "float32")
-        bias[self.special_token_ids.never_output] = -np.inf
-        return bias
-
-    def decoding_functions(self):
-        """The encoder and the decoding step, compiled for the backend
-        (see `keras_transformer.decoding.compiled`), made once per model.
-
-        Returns:
-            `(encode, step)`: `encode(encoder_token_ids, encoder_padding_mask)`
-            gives `(encoder_output, cross_attention_caches)`;
-            `step(token_ids, index, cache, encoder_padding_mask, parents,
-            log_probs)` first reorders the self-attention caches to the
-            beams' `parents` (row indices), runs `call_decoder_with_cache`,
-            and returns `(values, indices, cache)`: the `2 * beams` best
-            extensions of each source's beams (see
-            `keras_transformer.decoding.beam.best_extensions`) given the
-            beams' `(batch, beams)` log-probabilities.
-        """
-        if getattr(self, "_decoding_functions", None) is None:
-            from keras_transformer.decoding.beam import best_extensions
-            from keras_transformer.decoding.compiled import compile_for_inference
-
-            never_output = self.never_output_bias()
-
-            def encode(encoder_token_ids, encoder_padding_mask):
-                output = self.encode(encoder_token_ids, encoder_padding_mask)
-                cross = [layer.cross_attention.project_key_value(output) for layer in self.backbone.decoder_layers]
-                return output, cross
-
-            def step(token_ids, index, cache, encoder_padding_mask, parents, log_probs):
-                cache = [
-                    ((ops.take(keys, parents, axis=0), ops.take(values, parents, axis=0)), cross)
-                    for (keys, values), cross in cache
-                ]
-                logits, cache = self.call_decoder_with_cache(token_ids, index, cache, encoder_padding_mask)
-                values, indices = best_extensions(logits, log_probs, never_output, 2 * ops.shape(log_probs)[1])
-                return values, indices, cache
-
-            self._decoding_functions = (
-                compile_for_inference(self, encode),
-                compile_for_inference(self, step),
-            )
-        return self._decoding_functions
+        return self.backbone.token_embedding(hidden_states[:, -1, :], reverse=True), cache
 
     def generate_step(self, inputs, stop_token_ids=None):
         """keras-hub's generation step, so that keras-hub's samplers run on
-        this model (`generate(..., sampler=keras_hub.samplers.TopKSampler())`).
+        this model (`generate(..., sampler=keras_hub.samplers.TopKSampler())`,
+        see `keras_transformer.decoding.samplers`).
 
         The decoder prompt's positions are written into the key/value cache
         in one pass, then `self.sampler` extends it one cached step at a
@@ -293,97 +222,7 @@ class TransformerSeq2SeqLM(PresetIO, keras_hub.models.Seq2SeqLM):
             A dict of the generated `decoder_token_ids` and a
             `decoder_padding_mask` that ends after the first stop token.
         """
-        encoder_ids, encoder_mask = inputs["encoder_token_ids"], inputs["encoder_padding_mask"]
-        prompt, prompt_mask = inputs["decoder_token_ids"], inputs["decoder_padding_mask"]
-        batch_size, max_length = ops.shape(prompt)[0], ops.shape(prompt)[1]
-        cache = self.initial_cache(self.encode(encoder_ids, encoder_mask), max_length)
-        # The decoder output at every prompt position: ContrastiveSampler
-        # compares each new token's with them.
-        hidden_states, cache = self._decoder_states_with_cache(prompt, 0, cache, encoder_mask)
-        self_caches = [self_cache for self_cache, _ in cache]
-        cross_caches = [cross_cache for _, cross_cache in cache]
-        # As in `beam_search`, padding and start tokens are never outputs
-        # (a large negative number: keras-hub's samplers exponentiate logits).
-        never = np.maximum(self.never_output_bias(), -1e9)
-
-        def repeat_rows(x, rows):
-            # keras-hub's beam sampler runs `num_beams` rows a source.
-            return x if rows == batch_size else ops.repeat(x, rows // batch_size, axis=0)
-
-        def next(prompt, self_caches, index):
-            rows = ops.shape(prompt)[0]
-            cache = [
-                (self_cache, (repeat_rows(keys, rows), repeat_rows(values, rows)))
-                for self_cache, (keys, values) in zip(self_caches, cross_caches)
-            ]
-            token_ids = ops.slice(prompt, [0, index - 1], [rows, 1])
-            states, cache = self._decoder_states_with_cache(
-                token_ids, index - 1, cache, repeat_rows(encoder_mask, rows)
-            )
-            logits = self.backbone.token_embedding(states[:, -1, :], reverse=True)
-            logits = ops.cast(logits, "float32") + never
-            return logits, states[:, -1, :], [self_cache for self_cache, _ in cache]
-
-        prompt_mask = ops.cast(prompt_mask, "bool")
-        generated = self.sampler(
-            next,
-            prompt,
-            cache=self_caches,
-            index=ops.min(ops.sum(ops.cast(prompt_mask, "int32"), axis=-1)),
-            mask=prompt_mask,
-            stop_token_ids=stop_token_ids,
-            hidden_states=hidden_states,
-            model=self,
-        )
-        if stop_token_ids is None:
-            return {"decoder_token_ids": generated, "decoder_padding_mask": ops.ones_like(generated, "bool")}
-        is_stop = ops.zeros_like(generated, "bool")
-        for token_id in stop_token_ids:
-            is_stop = ops.logical_or(is_stop, ops.equal(generated, token_id))
-        is_stop = ops.cast(ops.logical_and(is_stop, ops.logical_not(prompt_mask)), "int32")
-        # Keep every position up to and including the first stop token.
-        after_stop = ops.cumsum(is_stop, axis=-1) - is_stop
-        return {"decoder_token_ids": generated, "decoder_padding_mask": ops.equal(after_stop, 0)}
-
-    def _generate_with_sampler(self, sources, sampler, max_length_offset, batch_size):
-        """Decodes token id sources with a keras-hub `Sampler`, through
-        keras-hub's compiled generate function and `generate_step`."""
-        from keras_transformer.decoding.beam import _round_up
-        from keras_transformer.decoding.beam import output_budgets
-
-        if getattr(self, "sampler", None) is not sampler:
-            self.sampler, self.generate_function = sampler, None
-        generate_function = self.make_generate_function()
-        special = self.special_token_ids
-        pad_id, start_id, end_id = special.pad, special.start, special.end
-        limit = self.backbone.max_sequence_length
-        outputs = [[] for _ in sources]
-        rows = [i for i, ids in enumerate(sources) if ids]
-        budgets = dict(zip(rows, output_budgets([sources[i] for i in rows], max_length_offset, limit).tolist()))
-        for start in range(0, len(rows), batch_size):
-            batch = rows[start : start + batch_size]
-            encoder_ids, encoder_mask = pad_sources([sources[i] for i in batch], pad_id, limit)
-            # The sampler runs to the batch's longest budget; each output is
-            # cut to its own below.
-            max_length = min(_round_up(max(budgets[i] for i in batch) + 1, 8), limit)
-            prompt = np.full((len(batch), max_length), pad_id, "int32")
-            prompt[:, 0] = start_id
-            # The prompt is the start token (which may be the padding id).
-            prompt_mask = np.zeros(prompt.shape, bool)
-            prompt_mask[:, 0] = True
-            inputs = {
-                "encoder_token_ids": encoder_ids,
-                "encoder_padding_mask": encoder_mask,
-                "decoder_token_ids": prompt,
-                "decoder_padding_mask": prompt_mask,
-            }
-            generated = generate_function(inputs, stop_token_ids=(end_id,))
-            ids = ops.convert_to_numpy(generated["decoder_token_ids"])
-            keep = ops.convert_to_numpy(generated["decoder_padding_mask"])
-            for row, i in enumerate(batch):
-                output = ids[row, 1:][keep[row, 1:]].tolist()[: budgets[i]]
-                outputs[i] = output[:-1] if output and output[-1] == end_id else output
-        return outputs
+        return keras_hub_generate_step(self, inputs, stop_token_ids)
 
     def generate(
         self,
@@ -468,13 +307,13 @@ class TransformerSeq2SeqLM(PresetIO, keras_hub.models.Seq2SeqLM):
             mask = keras.ops.convert_to_numpy(texts["encoder_padding_mask"]).astype(bool)
             sources = [row[m].tolist() for row, m in zip(ids, mask)]
         else:
-            texts, single = _as_texts(inputs)
+            texts, single = source_texts(inputs)
             sources = self._tokenize_sources(texts)
         decode = (lambda ids: ids) if from_ids else self._detokenize
         if keras_hub_sampler:
             outputs = [
                 decode(ids) if ids else ([] if from_ids else "")
-                for ids in self._generate_with_sampler(sources, sampler, max_length_offset, batch_size)
+                for ids in sample(self, sources, sampler, max_length_offset, batch_size)
             ]
             return outputs[0] if single else outputs
         # Sources of similar length go together (less padding); the
@@ -517,46 +356,6 @@ class TransformerSeq2SeqLM(PresetIO, keras_hub.models.Seq2SeqLM):
     def _detokenize(self, ids):
         self._require_tokenizer()
         return self.preprocessor.generate_postprocess([ids])[0]
-
-
-def _as_texts(inputs):
-    """`(texts, single)`: the source strings of `generate`'s `inputs` (a
-    string, bytes, or a list, array or string tensor of them), and whether
-    `inputs` was one text."""
-    if hasattr(inputs, "numpy"):  # a tf.Tensor of strings
-        inputs = inputs.numpy()
-    if isinstance(inputs, np.ndarray):
-        inputs = inputs.item() if inputs.ndim == 0 else inputs.tolist()
-    accepted = (
-        "generate() takes a string, a list of strings (or a string array or tensor), or a dict of "
-        "token ids (`encoder_token_ids`, `encoder_padding_mask`)"
-    )
-    single = isinstance(inputs, (str, bytes))
-    if not single and (inputs is None or not hasattr(inputs, "__iter__")):
-        raise TypeError(f"{accepted}; got {type(inputs).__name__}: {inputs!r:.60}.")
-    texts = [inputs] if single else list(inputs)
-    for i, text in enumerate(texts):
-        if isinstance(text, bytes):
-            try:
-                texts[i] = text = text.decode("utf-8")
-            except UnicodeDecodeError as error:
-                raise ValueError(
-                    f"Text {i} is not valid UTF-8 (byte {text[error.start]:#04x} at offset {error.start}): "
-                    "decode it with the right encoding first, or pass str."
-                ) from None
-        elif not isinstance(text, str):
-            raise TypeError(f"{accepted}; item {i} is of type {type(text).__name__}: {text!r:.60}.")
-        try:
-            text.encode("utf-8")
-        except UnicodeEncodeError as error:
-            # Lone surrogates: bytes that were not UTF-8, decoded with
-            # Python's "surrogateescape" (as sys.argv and some files are).
-            raise ValueError(
-                f"Text {i} holds {text[error.start]!r} at character {error.start}, which is not a Unicode "
-                "character (a lone surrogate: bytes that were not UTF-8, decoded with 'surrogateescape'). "
-                "Decode the text with its real encoding."
-            ) from None
-    return texts, single
 
 
 def _split_off_validation(samples, validation_split, batch_size):

@@ -139,6 +139,12 @@ class TransformerSeq2SeqLMPreprocessor(PresetIO, keras_hub.models.Seq2SeqLMPrepr
         tokenize = getattr(self.tokenizer, "tokenize_target", self.tokenizer.tokenize)
         return [np.asarray(tokenize(text)).tolist() for text in texts]
 
+    def decoder_inputs(self, text):
+        """A target string as teacher forcing feeds it to the decoder: the
+        start id and the target's pieces (labels would be the pieces and the
+        end id)."""
+        return self.special_token_ids.frame_target(self.target_token_ids([text])[0])[:-1]
+
     def _detokenize_one(self, ids):
         if not len(ids):
             return ""
@@ -197,6 +203,46 @@ class TransformerSeq2SeqLMPreprocessor(PresetIO, keras_hub.models.Seq2SeqLMPrepr
             }
         )
         return config
+
+
+def source_texts(inputs):
+    """`(texts, single)`: the source strings of `generate`'s `inputs` (a
+    string, bytes, or a list, array or string tensor of them), and whether
+    `inputs` was one text."""
+    if hasattr(inputs, "numpy"):  # a tf.Tensor of strings
+        inputs = inputs.numpy()
+    if isinstance(inputs, np.ndarray):
+        inputs = inputs.item() if inputs.ndim == 0 else inputs.tolist()
+    accepted = (
+        "generate() takes a string, a list of strings (or a string array or tensor), or a dict of "
+        "token ids (`encoder_token_ids`, `encoder_padding_mask`)"
+    )
+    single = isinstance(inputs, (str, bytes))
+    if not single and (inputs is None or not hasattr(inputs, "__iter__")):
+        raise TypeError(f"{accepted}; got {type(inputs).__name__}: {inputs!r:.60}.")
+    texts = [inputs] if single else list(inputs)
+    for i, text in enumerate(texts):
+        if isinstance(text, bytes):
+            try:
+                texts[i] = text = text.decode("utf-8")
+            except UnicodeDecodeError as error:
+                raise ValueError(
+                    f"Text {i} is not valid UTF-8 (byte {text[error.start]:#04x} at offset {error.start}): "
+                    "decode it with the right encoding first, or pass str."
+                ) from None
+        elif not isinstance(text, str):
+            raise TypeError(f"{accepted}; item {i} is of type {type(text).__name__}: {text!r:.60}.")
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError as error:
+            # Lone surrogates: bytes that were not UTF-8, decoded with
+            # Python's "surrogateescape" (as sys.argv and some files are).
+            raise ValueError(
+                f"Text {i} holds {text[error.start]!r} at character {error.start}, which is not a Unicode "
+                "character (a lone surrogate: bytes that were not UTF-8, decoded with 'surrogateescape'). "
+                "Decode the text with its real encoding."
+            ) from None
+    return texts, single
 
 
 def _describe(x):

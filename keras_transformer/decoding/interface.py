@@ -1,0 +1,102 @@
+"""What decoding needs of a model, and the decoding functions made from it.
+
+Decoding (`beam_search`, `greedy_search`, the SavedModel's search) depends
+on the small interface below, not on a model class: any encoder-decoder
+that provides it decodes with this package's searches. Calls flow one way:
+the searches call `decoding_functions(model)`, which calls the model's
+interface methods; the model never calls back into a search's internals.
+"""
+
+from typing import Any
+from typing import Protocol
+from typing import runtime_checkable
+
+import numpy as np
+from keras import ops
+
+from keras_transformer.decoding.compiled import compile_for_inference
+from keras_transformer.decoding.rules import best_extensions
+
+
+@runtime_checkable
+class Seq2SeqDecodingModel(Protocol):
+    """The model interface of incremental decoding (paper section 6.1).
+
+    `TransformerSeq2SeqLM` provides it.
+
+    Attributes:
+        special_token_ids: a `SpecialTokenIds` (pad, start, end, unk,
+            source start): decoding starts from `start`, stops at `end`,
+            and never outputs `never_output`.
+        backbone: has `vocabulary_size` and `max_sequence_length` (the
+            longest sequence the positions allow).
+    """
+
+    special_token_ids: Any
+    backbone: Any
+
+    def encode(self, encoder_token_ids, encoder_padding_mask):
+        """The encoder output `(batch, source_length, d_model)`."""
+
+    def cross_attention_cache(self, encoder_output):
+        """Per decoder layer, the encoder output's `(keys, values)` for the
+        encoder-decoder attention; rows may be repeated or taken."""
+
+    def empty_self_attention_cache(self, batch_size, max_length):
+        """Per decoder layer, zeroed self-attention `(keys, values)` of
+        `max_length` positions, `(batch, positions, ...)`."""
+
+    def call_decoder_with_cache(self, token_ids, index, cache, encoder_padding_mask):
+        """One cached step: `token_ids` `(batch, 1)` at position `index`,
+        `cache` a list of `(self_attention_cache, cross_attention_cache)`
+        per layer. Returns `(logits (batch, vocabulary_size), cache)`."""
+
+
+def never_output_bias(model):
+    """`(vocabulary_size,)` float32: `-inf` for the tokens that decoding
+    never outputs (padding and start), 0 for the others."""
+    bias = np.zeros(model.backbone.vocabulary_size, "float32")
+    bias[model.special_token_ids.never_output] = -np.inf
+    return bias
+
+
+# The model attribute holding its compiled pair: on the model, so that
+# they go when it goes (they refer to it).
+_ATTRIBUTE = "_decoding_functions"
+
+
+def decoding_functions(model):
+    """The encoder and the beam search step of `model` (a
+    `Seq2SeqDecodingModel`), compiled for the backend (see
+    `keras_transformer.decoding.compiled`), made once per model.
+
+    Returns:
+        `(encode, step)`: `encode(encoder_token_ids, encoder_padding_mask)`
+        gives `(encoder_output, cross_attention_caches)`;
+        `step(token_ids, index, cache, encoder_padding_mask, parents,
+        log_probs)` first reorders the self-attention caches to the beams'
+        `parents` (row indices), runs `call_decoder_with_cache`, and returns
+        `(values, indices, cache)`: the `2 * beams` best extensions of each
+        source's beams (`rules.best_extensions`) given the beams'
+        `(batch, beams)` log-probabilities.
+    """
+    functions = getattr(model, _ATTRIBUTE, None)
+    if functions is None:
+        never_output = never_output_bias(model)
+
+        def encode(encoder_token_ids, encoder_padding_mask):
+            output = model.encode(encoder_token_ids, encoder_padding_mask)
+            return output, model.cross_attention_cache(output)
+
+        def step(token_ids, index, cache, encoder_padding_mask, parents, log_probs):
+            cache = [
+                ((ops.take(keys, parents, axis=0), ops.take(values, parents, axis=0)), cross)
+                for (keys, values), cross in cache
+            ]
+            logits, cache = model.call_decoder_with_cache(token_ids, index, cache, encoder_padding_mask)
+            values, indices = best_extensions(logits, log_probs, never_output, 2 * ops.shape(log_probs)[1])
+            return values, indices, cache
+
+        functions = (compile_for_inference(model, encode), compile_for_inference(model, step))
+        setattr(model, _ATTRIBUTE, functions)
+    return functions

@@ -1,0 +1,134 @@
+"""The rules of beam search (paper section 6.1), written once.
+
+Two searches follow them: `beam.beam_search`, on the host between compiled
+steps, and the SavedModel's `tf.while_loop` (`keras_transformer.export`).
+Each rule here takes arrays of a NumPy-like namespace `xp` (NumPy on the
+host, `tf.experimental.numpy` in the graph), so a rule changes in one place
+and both searches give the same translations.
+
+The rules:
+
+1. **Output budget.** A source of n tokens may have n + `max_length_offset`
+   output tokens (the paper: 50), within the model's positions.
+2. **Candidates.** Each step ranks the `2 * beam_size` best one-token
+   extensions of a source's live beams by log-probability (as fairseq
+   does); padding and start tokens are never candidates.
+3. **Ranking.** End tokens among the best `beam_size` candidates finish
+   hypotheses (the end token counts in |Y|, it is not in the output); the
+   best `beam_size` other candidates stay live. A finished hypothesis
+   scores log P(Y | X) / lp(Y), with lp of `length_penalty`.
+4. **Maximum length.** At its budget a source's live beams finish as they
+   are.
+5. **Stopping** (`search_is_over`): see there.
+"""
+
+import numpy as np
+from keras import ops
+
+# "gnmt": the paper's (GNMT's) ((5 + |Y|) / 6) ** alpha; "length": |Y| **
+# alpha, as Hugging Face transformers (and Marian) rank hypotheses.
+LENGTH_PENALTIES = ("gnmt", "length")
+
+
+def length_penalty(length, alpha, kind="gnmt", xp=np):
+    """lp(Y): GNMT's ((5 + |Y|) / 6) ** alpha (Wu et al., 2016), or
+    |Y| ** alpha for `"length"`, in float64.
+
+    Example:
+
+    >>> float(length_penalty(7, 0.6))
+    1.1153...
+    """
+    length = xp.asarray(length, "float64")
+    if kind == "length":
+        return length**alpha
+    return ((5.0 + length) / 6.0) ** alpha
+
+
+def output_budget(source_lengths, max_length_offset, limit, xp=np):
+    """Rule 1: the output tokens a source of `source_lengths` tokens may
+    have: its length plus `max_length_offset`, within the model's `limit`
+    positions (the start token takes one)."""
+    return xp.minimum(source_lengths + max_length_offset, limit - 1)
+
+
+def output_budgets(sources, max_length_offset, limit):
+    """`output_budget` of each non-empty source (token id lists) as an int
+    array, refusing an offset that leaves a source no output token."""
+    budgets = output_budget(np.array([len(ids) for ids in sources], "int64"), max_length_offset, limit)
+    if len(budgets) and budgets.min() < 1:
+        raise ValueError(
+            f"max_length_offset={max_length_offset} leaves no output token for a source of "
+            f"{min(len(ids) for ids in sources)} tokens: outputs may have the source's length plus "
+            "max_length_offset tokens."
+        )
+    return budgets
+
+
+def best_extensions(logits, log_probs, never_output, count):
+    """Rule 2: the `count` best one-token extensions of each source's beams.
+
+    Runs inside the compiled decoding step (Keras ops), so that only `count`
+    candidates a source leave the device.
+
+    Args:
+        logits: `(batch * beams, vocabulary_size)` next-token logits.
+        log_probs: `(batch, beams)` float32 log-probabilities of the beams
+            (`-inf` for beams that are not live).
+        never_output: `(vocabulary_size,)` float32, 0 for tokens that may be
+            output and `-inf` for those that may not (padding, start).
+        count: how many extensions to return a source.
+
+    Returns:
+        `(values, indices)`, each `(batch, count)`, best first: the
+        extensions' log-probabilities and their flat indices
+        `beam * vocabulary_size + token`.
+    """
+    log_probs = ops.convert_to_tensor(log_probs, "float32")
+    batch, beams = ops.shape(log_probs)[0], ops.shape(log_probs)[1]
+    token_log_probs = ops.add(ops.log_softmax(ops.cast(logits, "float32"), axis=-1), never_output)
+    vocabulary_size = ops.shape(token_log_probs)[-1]
+    candidates = ops.add(log_probs[:, :, None], ops.reshape(token_log_probs, (batch, beams, vocabulary_size)))
+    return ops.top_k(ops.reshape(candidates, (batch, beams * vocabulary_size)), count)
+
+
+def search_is_over(
+    finished_count,
+    best_live_log_prob,
+    nth_best_score,
+    kth_best_score,
+    length,
+    budget,
+    beam_size,
+    num_results,
+    alpha,
+    kind="gnmt",
+    xp=np,
+):
+    """Rule 5: whether a source with live beams is done before its budget.
+
+    `"gnmt"`: done with `beam_size` finished hypotheses, or once the n-th
+    best finished score (n results asked for) is at least the best score a
+    live beam can still reach: log-probabilities only fall, and with alpha
+    >= 0 the penalty only grows, so that is the best live log-probability
+    over the penalty at the budget.
+
+    `"length"` (transformers' `early_stopping=False`): with `beam_size`
+    finished, done once the best live beam, scored at the current length,
+    does not beat the k-th best finished one.
+
+    Args:
+        finished_count: finished hypotheses so far.
+        best_live_log_prob: the best live beam's log-probability.
+        nth_best_score, kth_best_score: the `num_results`-th and
+            `beam_size`-th best finished scores (`-inf` while fewer).
+        length: output tokens so far; budget: the source's output budget.
+        beam_size, num_results, alpha, kind: the search's settings.
+        xp: the array namespace.
+    """
+    if kind == "length":
+        return (finished_count >= beam_size) & (
+            best_live_log_prob / length_penalty(length, alpha, kind, xp) <= kth_best_score
+        )
+    reachable = best_live_log_prob / length_penalty(budget, alpha, kind, xp)
+    return (finished_count >= beam_size) | ((finished_count >= num_results) & (nth_best_score >= reachable))
