@@ -196,3 +196,73 @@ def test_keras_hub_samplers_refuse_scores():
         )
     with pytest.raises(ValueError, match="Unknown sampler"):
         tiny_model().generate({"encoder_token_ids": np.array([[START, END]]), "encoder_padding_mask": np.ones((1, 2))}, sampler="topk")
+
+
+class InterfaceOnly:
+    """Exactly the members of `Seq2SeqDecodingModel`, delegating to a model:
+    beam search must need nothing else (no model class, no private method)."""
+
+    def __init__(self, model):
+        self.special_token_ids = model.special_token_ids
+        self.backbone = model.backbone
+        self.encode = model.encode
+        self.cross_attention_cache = model.cross_attention_cache
+        self.empty_self_attention_cache = model.empty_self_attention_cache
+        self.call_decoder_with_cache = model.call_decoder_with_cache
+
+
+def test_search_needs_only_the_decoding_interface():
+    from keras_transformer.decoding import Seq2SeqDecodingModel
+
+    model = tiny_model(seed=3)
+    assert isinstance(model, Seq2SeqDecodingModel)
+    stand_in = InterfaceOnly(model)
+    assert isinstance(stand_in, Seq2SeqDecodingModel)
+    sources = [[START, 4, 5, END], [START, 5, END], [START, 4, 4, 5, 4, END]]
+    expected = beam_search(model, sources, beam_size=3, alpha=0.6, num_results=2)
+    found = beam_search(stand_in, sources, beam_size=3, alpha=0.6, num_results=2)
+    assert [[ids for ids, _, _ in result] for result in found] == [[ids for ids, _, _ in result] for result in expected]
+    np.testing.assert_allclose(
+        [[score for _, score, _ in result] for result in found],
+        [[score for _, score, _ in result] for result in expected],
+        rtol=1e-6,
+    )
+
+
+@pytest.mark.parametrize("kind", ["gnmt", "length"])
+def test_search_rules_agree_in_numpy_and_in_the_graph(kind):
+    """The SavedModel's search runs the same rules on tensors."""
+    import tensorflow.experimental.numpy as tnp
+
+    from keras_transformer.decoding import rules
+
+    lengths = np.array([1, 2, 7, 30, 51])
+    np.testing.assert_allclose(
+        rules.length_penalty(lengths, 0.6, kind),
+        np.asarray(rules.length_penalty(tnp.asarray(lengths, "int32"), 0.6, kind, xp=tnp)),
+    )
+    expected = ((5.0 + lengths) / 6.0) ** 0.6 if kind == "gnmt" else lengths**0.6
+    np.testing.assert_allclose(rules.length_penalty(lengths, 0.6, kind), expected)
+    budget = rules.output_budget(np.array([3, 40, 90]), 50, 100)
+    np.testing.assert_array_equal(budget, [53, 90, 99])
+    np.testing.assert_array_equal(np.asarray(rules.output_budget(tnp.asarray([3, 40, 90]), 50, 100, xp=tnp)), budget)
+    # count, best live log P, n-th and k-th best finished, length, budget.
+    cases = [
+        (4, -1.0, -2.0, -3.0, 5, 20),
+        (1, -1.0, -2.0, -np.inf, 5, 20),
+        (1, -9.0, -2.0, -np.inf, 5, 20),
+        (0, -9.0, -np.inf, -np.inf, 5, 20),
+        (4, -9.0, -2.0, -3.0, 5, 20),
+    ]
+    for count, best_live, nth, kth, length, budget in cases:
+        host = rules.search_is_over(count, best_live, nth, kth, length, budget, 4, 1, 0.6, kind)
+        graph = rules.search_is_over(
+            tnp.asarray(count), tnp.asarray(best_live, "float64"), tnp.asarray(nth, "float64"),
+            tnp.asarray(kth, "float64"), tnp.asarray(length), tnp.asarray(budget), 4, 1, 0.6, kind, xp=tnp,
+        )
+        assert bool(host) == bool(np.asarray(graph)), (count, best_live, nth, kth)
+        if kind == "gnmt":
+            reachable = best_live / ((5.0 + budget) / 6.0) ** 0.6
+            assert bool(host) == (count >= 4 or (count >= 1 and nth >= reachable))
+        else:
+            assert bool(host) == (count >= 4 and best_live / length**0.6 <= kth)
