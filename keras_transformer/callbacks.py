@@ -10,8 +10,10 @@ into one model whose weights are their mean.
 """
 
 import glob
+import json
 import os
 import re
+import shutil
 import warnings
 
 import keras
@@ -200,3 +202,40 @@ def average_checkpoints(model, paths):
 
 def _is_float(array):
     return np.issubdtype(np.asarray(array).dtype, np.floating)
+
+
+def continue_from_checkpoint(backup_dir, checkpoint_dir, steps_per_epoch, initial_step=0):
+    """Lets a finished run train longer.
+
+    `keras.callbacks.BackupAndRestore` deletes its backup when `fit` ends, so
+    a finished run rerun with a larger `epochs` would start again from
+    scratch. Its newest checkpoint holds the model's and the optimizer's
+    state (Adam's moments and step, hence the learning-rate schedule's
+    position), so it becomes the backup, and `fit` goes on from the epoch
+    after it.
+    """
+    checkpoints = list_checkpoints(checkpoint_dir)
+    if os.path.exists(backup_dir) or not checkpoints:
+        return
+    newest = checkpoints[-1]
+    step = checkpoint_step(newest)
+    epoch = (step - initial_step) // steps_per_epoch
+    # Written beside and moved into place, so that a kill halfway leaves no
+    # empty backup (which would restart the run from its first epoch).
+    partial = backup_dir + ".partial"
+    shutil.rmtree(partial, ignore_errors=True)
+    os.makedirs(partial)
+    shutil.copyfile(newest, os.path.join(partial, "latest.weights.h5"))
+    with open(os.path.join(partial, "training_metadata.json"), "w") as f:
+        json.dump({"epoch": epoch, "batch": 0}, f)
+    os.replace(partial, backup_dir)
+    print(f"Continuing from {newest} (step {step}, after epoch {epoch}).")
+
+
+def finished_epochs(backup_dir):
+    """Epochs a run's `BackupAndRestore` backup has finished (0 if none)."""
+    path = os.path.join(backup_dir, "training_metadata.json")
+    if not os.path.exists(path):
+        return 0
+    with open(path) as f:
+        return int(json.load(f)["epoch"])

@@ -15,10 +15,11 @@ import argparse
 import codecs
 import contextlib
 import json
-import math
 import os
 import sys
 import warnings
+
+from keras_transformer.utils import arguments
 
 DEFAULT_PRESET = "transformer_multi30k_en_de"
 # Set to 1 to see the C++ libraries' log lines (see `_quiet_native_logs`).
@@ -51,40 +52,11 @@ def _quiet_native_logs():
         pass
 
 
-def _bounded(convert, accepts, says):
-    """An argparse `type`: `convert` the text, refuse values `accepts` does
-    not take with "must be <says>" (NaN is refused by every bound)."""
-
-    def parse(text):
-        value = convert(text)
-        if not accepts(value):
-            raise argparse.ArgumentTypeError(f"must be {says}, got {text}")
-        return value
-
-    parse.__name__ = convert.__name__  # argparse's "invalid int value: 'x'"
-    return parse
-
-
-_positive_int = _bounded(int, lambda value: value >= 1, "1 or more")
-_non_negative_int = _bounded(int, lambda value: value >= 0, "0 or more")
-
-
-def _finite(convert):
-    """`convert`, refusing infinities ("must be finite, got inf")."""
-
-    def parse(text):
-        value = convert(text)
-        if math.isinf(value):
-            raise argparse.ArgumentTypeError(f"must be finite, got {text}")
-        return value
-
-    parse.__name__ = convert.__name__
-    return parse
-
-
-_positive_float = _bounded(_finite(float), lambda value: value > 0, "more than 0")
-_non_negative_float = _bounded(_finite(float), lambda value: value >= 0, "0 or more")
-_probability = _bounded(float, lambda value: 0 <= value < 1, "in [0, 1)")
+_positive_int = arguments.positive_int
+_non_negative_int = arguments.non_negative_int
+_positive_float = arguments.positive_float
+_non_negative_float = arguments.non_negative_float
+_probability = arguments.probability
 
 
 def _lines(text):
@@ -130,38 +102,11 @@ def _check_output_path(path):
 
 
 def _add_train(subparsers):
+    from keras_transformer import train_config
+
     p = subparsers.add_parser("train", help="Train on Multi30k with the paper's recipe.")
-    p.add_argument("--source", default="en", help="source language (default: en)")
-    p.add_argument("--target", default="de", help="target language (default: de)")
-    p.add_argument("--data-dir", help="local Multi30k directory (default: $KERAS_TRANSFORMER_MULTI30K or download)")
     p.add_argument("--output-dir", required=True, help="the run's directory; rerun to resume")
-    p.add_argument("--config", default="small", help="model size: small, tiny, base, big or a Table 3 row")
-    p.add_argument("--num-layers", type=_positive_int, help="override N")
-    p.add_argument("--d-model", type=_positive_int, help="override d_model")
-    p.add_argument("--d-ff", type=_positive_int, help="override d_ff")
-    p.add_argument("--num-heads", type=_positive_int, help="override h")
-    p.add_argument("--dropout", type=_probability, help="override P_drop")
-    p.add_argument("--vocabulary-size", type=_positive_int, default=8000)
-    p.add_argument("--tokenizer", default="bpe", choices=["bpe", "unigram"])
-    p.add_argument("--max-tokens", type=_positive_int, default=4096, help="token budget per batch")
-    p.add_argument("--pad-to-multiple-of", type=_positive_int, default=1,
-                   help="round batch lengths up (fewer shapes for JAX to compile)")
-    p.add_argument("--epochs", type=_positive_int, default=20)
-    p.add_argument("--steps", type=_positive_int, help="train about this many steps instead of --epochs (rounded up to whole epochs of at most one pass)")
-    p.add_argument("--warmup-steps", type=_positive_int, default=4000)
-    p.add_argument("--learning-rate-scale", type=_positive_float, default=1.0)
-    p.add_argument("--label-smoothing", type=_probability,
-                   help="eps_ls (default: the config's Table 3 value: 0.0 for D3, 0.2 for D4, else 0.1)")
-    p.add_argument("--keep-checkpoints", type=_positive_int, default=5, help="checkpoints averaged at the end")
-    p.add_argument("--bleu-sentences", type=_non_negative_int, default=200, help="val sentences for BLEU each epoch")
-    p.add_argument("--limit", type=_positive_int, help="use only the first N training pairs")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--from-preset", metavar="PRESET",
-                   help="start from this preset (name or directory) instead of from scratch: fine-tune it, or "
-                        "train it longer; keeps its architecture and vocabulary")
-    p.add_argument("--initial-step", type=int,
-                   help="the learning-rate schedule's first step (default: 0, or with --from-preset the "
-                        "steps the preset was trained for)")
+    train_config.add_arguments(p)
     p.add_argument("--devices", type=_positive_int,
                    help="train data-parallel on N devices (JAX, TensorFlow: of this process; "
                         "PyTorch: launch with torchrun --nproc_per_node N); --max-tokens is per device")
@@ -216,56 +161,19 @@ def _attention(args):
 
 
 def _train(args):
+    from keras_transformer import train_config
     from keras_transformer.training import train_multi30k
 
-    overrides = {
-        key: value
-        for key, value in {
-            "num_layers": args.num_layers,
-            "d_model": args.d_model,
-            "d_ff": args.d_ff,
-            "num_heads": args.num_heads,
-            "dropout": args.dropout,
-        }.items()
-        if value is not None
-    }
     if args.devices and args.multi_host:  # before joining a job, which waits for the others
         raise SystemExit("error: --devices and --multi-host together: a job on several machines trains on "
                          "every device of every process; leave --devices out (CUDA_VISIBLE_DEVICES limits a machine's)")
     strategy = None
     if args.devices or args.multi_host:
-        import keras
-
         from keras_transformer import distribution
 
-        if args.multi_host and keras.config.backend() == "jax":
-            distribution.initialize_multi_host()
-        strategy = distribution.data_parallel(devices=args.devices, multi_host=args.multi_host)
+        strategy = distribution.join_and_distribute(devices=args.devices, multi_host=args.multi_host)
         print(f"Training on {strategy.num_replicas} device{'s' if strategy.num_replicas > 1 else ''}: {strategy}")
-    train_multi30k(
-        args.output_dir,
-        strategy=strategy,
-        source=args.source,
-        target=args.target,
-        data_dir=args.data_dir,
-        config=args.config,
-        vocabulary_size=args.vocabulary_size,
-        tokenizer_algorithm=args.tokenizer,
-        max_tokens=args.max_tokens,
-        pad_to_multiple_of=args.pad_to_multiple_of,
-        epochs=args.epochs,
-        steps=args.steps,
-        warmup_steps=args.warmup_steps,
-        learning_rate_scale=args.learning_rate_scale,
-        label_smoothing=args.label_smoothing,
-        keep_checkpoints=args.keep_checkpoints,
-        bleu_sentences=args.bleu_sentences,
-        limit=args.limit,
-        initial_preset=args.from_preset,
-        initial_step=args.initial_step,
-        seed=args.seed,
-        **overrides,
-    )
+    train_multi30k(args.output_dir, strategy=strategy, **train_config.from_arguments(args))
     if strategy is None or strategy.process_index == 0:
         from keras_transformer import presets
 

@@ -121,6 +121,19 @@ def initialize_multi_host(coordinator_address=None, num_processes=None, process_
     keras.distribution.initialize(coordinator_address, num_processes, process_id)
 
 
+def join_and_distribute(devices=None, multi_host=False):
+    """`data_parallel(devices, multi_host)` on any backend, for a program
+    that runs the same on all three (such as `keras-transformer train
+    --multi-host`): on JAX a multi-machine job is joined first
+    (`initialize_multi_host`, from the environment); TensorFlow and PyTorch
+    join theirs inside `data_parallel`."""
+    if devices is not None and multi_host:  # before joining a job, which waits for the others
+        data_parallel(devices, multi_host)  # raises, saying why
+    if multi_host and keras.config.backend() == "jax":
+        initialize_multi_host()
+    return data_parallel(devices=devices, multi_host=multi_host)
+
+
 def data_parallel(devices=None, multi_host=False):
     """Data parallelism with the backend's engine; call before building the
     model.

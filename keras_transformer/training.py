@@ -9,7 +9,6 @@ import contextlib
 import json
 import math
 import os
-import shutil
 import warnings
 
 import keras
@@ -18,7 +17,8 @@ import numpy as np
 from keras_transformer.callbacks import BleuEvaluation
 from keras_transformer.callbacks import KeepLastCheckpoints
 from keras_transformer.callbacks import average_checkpoints
-from keras_transformer.callbacks import checkpoint_step
+from keras_transformer.callbacks import continue_from_checkpoint
+from keras_transformer.callbacks import finished_epochs
 from keras_transformer.callbacks import list_checkpoints
 from keras_transformer.data import token_budget_batches
 from keras_transformer.datasets import multi30k
@@ -32,6 +32,9 @@ from keras_transformer.models import train_tokenizer
 from keras_transformer.presets import CONFIG_FILE
 from keras_transformer.presets import read_preset_file
 from keras_transformer.schedules import paper_optimizer
+from keras_transformer.train_config import PRESET_OVERRIDES
+from keras_transformer.train_config import TrainConfig
+from keras_transformer.train_config import fixed_setting_names
 
 TOKENIZER_FILE = "tokenizer.spm"
 
@@ -56,52 +59,12 @@ def _tokenizer(output_dir, run, texts, vocabulary_size, algorithm, save=True):
     return tokenizer
 
 
-def _continue_from_checkpoint(backup_dir, checkpoint_dir, steps_per_epoch, initial_step=0):
-    """Lets a finished run train longer.
-
-    `keras.callbacks.BackupAndRestore` deletes its backup when `fit` ends, so
-    a finished run rerun with a larger `epochs` would start again from
-    scratch. Its newest checkpoint holds the model's and the optimizer's
-    state (Adam's moments and step, hence the learning-rate schedule's
-    position), so it becomes the backup, and `fit` goes on from the epoch
-    after it.
-    """
-    checkpoints = list_checkpoints(checkpoint_dir)
-    if os.path.exists(backup_dir) or not checkpoints:
-        return
-    newest = checkpoints[-1]
-    step = checkpoint_step(newest)
-    epoch = (step - initial_step) // steps_per_epoch
-    # Written beside and moved into place, so that a kill halfway leaves no
-    # empty backup (which would restart the run from its first epoch).
-    partial = backup_dir + ".partial"
-    shutil.rmtree(partial, ignore_errors=True)
-    os.makedirs(partial)
-    shutil.copyfile(newest, os.path.join(partial, "latest.weights.h5"))
-    with open(os.path.join(partial, "training_metadata.json"), "w") as f:
-        json.dump({"epoch": epoch, "batch": 0}, f)
-    os.replace(partial, backup_dir)
-    print(f"Continuing from {newest} (step {step}, after epoch {epoch}).")
-
-
-def _finished_epochs(backup_dir):
-    """Epochs a run's `BackupAndRestore` backup has finished (0 if none)."""
-    path = os.path.join(backup_dir, "training_metadata.json")
-    if not os.path.exists(path):
-        return 0
-    with open(path) as f:
-        return int(json.load(f)["epoch"])
-
-
 def _seed_at(seed, step):
     """The random seed of a run started again at `step`: another one for
     each step, so that dropout does not draw the masks it drew before."""
     return int(np.random.SeedSequence([seed, step]).generate_state(1)[0])
 
 
-# Backbone arguments a run from a preset may change: the others shape its
-# weights.
-PRESET_OVERRIDES = ("dropout", "attention_dropout")
 
 
 def _same_preset(a, b):
@@ -133,12 +96,8 @@ def _epoch_plan(num_batches, epochs, steps, previous_run):
 
 
 # Settings a resumed run must keep: they make its vocabulary, weights,
-# batches (hence epochs) and schedule. Others (epochs, steps, dropout,
-# keep_checkpoints, bleu_sentences) may change from one call to the next.
-RUN_FIXED = (
-    "source", "target", "config", "tokenizer_algorithm", "max_tokens", "pad_to_multiple_of", "limit",
-    "seed", "warmup_steps", "learning_rate_scale", "label_smoothing", "initial_step", "vocabulary_size",
-)
+# batches (hence epochs) and schedule (`TrainConfig`'s fixed fields).
+RUN_FIXED = fixed_setting_names()
 
 
 def _architecture(backbone_config):
@@ -235,34 +194,7 @@ def _initial_preset(preset, output_dir, run, source, target, save=True):
     return tokenizer, _preset_steps(preset, training or {}), training
 
 
-def train_multi30k(
-    output_dir,
-    source="en",
-    target="de",
-    data_dir=None,
-    config="small",
-    vocabulary_size=8000,
-    tokenizer_algorithm="bpe",
-    max_tokens=4096,
-    pad_to_multiple_of=1,
-    epochs=20,
-    steps=None,
-    warmup_steps=4000,
-    learning_rate_scale=1.0,
-    label_smoothing=None,
-    max_sequence_length=256,
-    keep_checkpoints=5,
-    bleu_sentences=200,
-    limit=None,
-    validation_limit=None,
-    seed=0,
-    verbose="auto",
-    extra_callbacks=(),
-    strategy=None,
-    initial_preset=None,
-    initial_step=None,
-    **config_overrides,
-):
+def train_multi30k(output_dir, strategy=None, extra_callbacks=(), verbose="auto", **settings):
     """Trains a `TransformerSeq2SeqLM` on Multi30k and saves it as a preset.
 
     The run lives in `output_dir`: the tokenizer, TensorBoard logs in
@@ -271,65 +203,41 @@ def train_multi30k(
     model with averaged weights as a keras-hub preset in `model/`. Calling
     it again with the same `output_dir` after a kill resumes from the last
     finished epoch; calling it again after it finished, with a larger
-    `epochs`, trains on from its newest checkpoint (optimizer state and
-    learning-rate schedule included).
+    `epochs` (or `steps`), trains on from its newest checkpoint (optimizer
+    state and learning-rate schedule included). A resumed run must keep the
+    settings that made its vocabulary, weights, batches and schedule.
+
+    With `initial_preset` it starts from that preset instead of from
+    scratch, to fine-tune it or to train it longer: the preset's weights,
+    architecture and vocabulary are kept (`config` and `vocabulary_size` are
+    then unused; only `dropout` and `attention_dropout` may change), and the
+    learning-rate schedule goes on from the steps the preset was trained for
+    (its metadata's), unless `initial_step` says otherwise.
 
     Args:
         output_dir: the run's directory.
-        source: source language.
-        target: target language.
-        data_dir: local Multi30k directory (see `datasets.multi30k`).
-        config: a name from `keras_transformer.models.CONFIGS`.
-        vocabulary_size: size of the shared subword vocabulary.
-        tokenizer_algorithm: `"bpe"` or `"unigram"`.
-        max_tokens: token budget per batch (source and target each).
-        pad_to_multiple_of: round batch lengths up to a multiple of this;
-            larger values mean fewer distinct shapes to compile (JAX) at the
-            cost of more padding.
-        epochs: passes over the training data.
-        steps: if given, train this many steps instead of `epochs` passes
-            (rounded up to whole epochs of at most one pass each; rerun with
-            a larger `steps`, a run trains on to the new total).
-        warmup_steps: warm-up steps of the learning-rate schedule.
-        learning_rate_scale: factor on the schedule.
-        label_smoothing: eps_ls; default: the config's Table 3 value
-            (0.0 for `D3`, 0.2 for `D4`, else the paper's 0.1).
-        max_sequence_length: the model's longest sequence; longer training
-            pairs are dropped.
-        keep_checkpoints: checkpoints kept and averaged at the end (1: no
-            averaging).
-        bleu_sentences: validation sentences translated (greedily) for BLEU
-            after each epoch (0: none).
-        limit: use only the first `limit` training pairs.
-        validation_limit: use only the first `validation_limit` validation
-            pairs for the validation loss.
-        seed: random seed.
-        verbose: Keras `fit` verbosity.
-        extra_callbacks: more Keras callbacks.
         strategy: a `keras_transformer.distribution` strategy to train on
             several devices or processes. `max_tokens` is then per device;
             only process 0 writes checkpoints, logs and the model.
-        initial_preset: a preset name or directory to start from instead of
-            from scratch, to fine-tune it or to train it longer: its weights,
-            architecture and vocabulary are kept (`config` and
-            `vocabulary_size` are then unused; `config_overrides` such as
-            `dropout` still apply).
-        initial_step: the learning-rate schedule's step to start from
-            (default: 0 from scratch; with `initial_preset`, the steps the
-            preset was trained for, from its metadata).
-        **config_overrides: backbone arguments that replace the config's.
+        extra_callbacks: more Keras callbacks.
+        verbose: Keras `fit` verbosity.
+        **settings: the fields of `keras_transformer.train_config.TrainConfig`
+            (`source`, `target`, `config`, `epochs`...; their defaults and
+            meaning are there), and backbone arguments that replace the
+            config's (`num_layers=2`, `dropout=0.3`...).
 
     Returns:
         `(model, history)`.
     """
-    if config not in CONFIGS:
-        raise ValueError(f"Unknown config {config!r}; choose one of {sorted(CONFIGS)}.")
-    if label_smoothing is None:
-        label_smoothing = PAPER_TABLE3.get(config, {}).get("label_smoothing", 0.1)
-    if initial_step is not None and initial_step < 0:
-        raise ValueError(f"initial_step must be 0 or more; got {initial_step}.")
-    fixed = sorted(key for key in config_overrides if key not in PRESET_OVERRIDES)
-    if initial_preset and fixed:
+    config, overrides = TrainConfig.split(settings)
+    if config.config not in CONFIGS:
+        raise ValueError(f"Unknown config {config.config!r}; choose one of {sorted(CONFIGS)}.")
+    if config.label_smoothing is None:
+        config.label_smoothing = PAPER_TABLE3.get(config.config, {}).get("label_smoothing", 0.1)
+    if config.initial_step is not None and config.initial_step < 0:
+        raise ValueError(f"initial_step must be 0 or more; got {config.initial_step}.")
+    fixed = sorted(key for key in overrides if key not in PRESET_OVERRIDES)
+    if config.initial_preset and fixed:
         raise ValueError(
             f"A run from a preset keeps the preset's architecture: {', '.join(fixed)} cannot change "
             f"(only {', '.join(PRESET_OVERRIDES)} can). Train from scratch with `config` to change it."
@@ -337,159 +245,183 @@ def train_multi30k(
     if os.path.exists(output_dir) and not os.path.isdir(output_dir):
         raise FileExistsError(f"The output directory {output_dir!r} is a file; give a directory for the run.")
     previous_run = _read_run(output_dir)
-    _check_run_start(output_dir, previous_run, initial_preset)
-    if initial_step is None and not initial_preset:
-        initial_step = previous_run.get("initial_step")
+    _check_run_start(output_dir, previous_run, config.initial_preset)
+    if config.initial_step is None and not config.initial_preset:
+        config.initial_step = previous_run.get("initial_step")
     # The backbone of a run from scratch (a run from a preset has the preset's).
-    scratch_backbone = None if initial_preset else {
-        **CONFIGS[config], **config_overrides, "max_sequence_length": max_sequence_length
+    scratch_backbone = None if config.initial_preset else {
+        **CONFIGS[config.config], **overrides, "max_sequence_length": config.max_sequence_length
     }
-    settings = dict(
-        source=source, target=target, config=None if initial_preset else config,
-        tokenizer_algorithm=None if initial_preset else tokenizer_algorithm, max_tokens=max_tokens,
-        pad_to_multiple_of=pad_to_multiple_of, limit=limit, seed=seed, warmup_steps=warmup_steps,
-        learning_rate_scale=learning_rate_scale, label_smoothing=label_smoothing,
-    )
-    if initial_step is not None:
-        settings["initial_step"] = initial_step
-    if not initial_preset:  # a run from a preset has the preset's vocabulary
-        settings["vocabulary_size"] = vocabulary_size
-    _check_same_settings(output_dir, previous_run, settings, scratch_backbone)
+    _check_same_settings(output_dir, previous_run, config.fixed_settings(), scratch_backbone)
     # The data is read before the run's directory is made: a wrong
     # data_dir leaves nothing behind.
-    sources, targets = multi30k.load("train", source, target, data_dir)
-    if limit:
-        sources, targets = sources[:limit], targets[:limit]
-    val_sources, val_targets = multi30k.load("val", source, target, data_dir)
-    if validation_limit:
-        val_sources, val_targets = val_sources[:validation_limit], val_targets[:validation_limit]
+    data = _read_data(config)
     os.makedirs(output_dir, exist_ok=True)
-    keras.utils.set_random_seed(seed)
+    keras.utils.set_random_seed(config.seed)
 
     # Several processes: process 0 writes the run's files; the others train
     # the same tokenizer (SentencePiece is deterministic) and keep their own
     # backup for resuming.
     chief = strategy is None or strategy.process_index == 0
-    batching = {} if strategy is None else strategy.batching()
-    initial_training = None
-    if initial_preset:
-        tokenizer, preset_step, initial_training = _initial_preset(
-            initial_preset, output_dir, previous_run, source, target, save=chief
-        )
-        if initial_step is None and preset_step is None:
-            warnings.warn(
-                f"The metadata of preset {initial_preset!r} does not say how many steps it was trained "
-                "for, so the learning-rate schedule starts again from step 0 (warming up again); pass "
-                "initial_step (--initial-step) to go on from another step.",
-                stacklevel=2,
-            )
-        initial_step = preset_step if initial_step is None else initial_step
-    else:
-        tokenizer = _tokenizer(
-            output_dir, previous_run, sources + targets, vocabulary_size, tokenizer_algorithm, save=chief
-        )
-    initial_step = initial_step or 0
-    if initial_preset:
-        max_sequence_length = read_preset_file(initial_preset, CONFIG_FILE)["config"]["max_sequence_length"]
-    train_batches = token_budget_batches(
-        sources, targets, tokenizer, max_tokens=max_tokens, max_length=max_sequence_length,
-        pad_to_multiple_of=pad_to_multiple_of, seed=seed, **batching,
-    )
-    val_batches = token_budget_batches(
-        val_sources, val_targets, tokenizer, max_tokens=max_tokens, max_length=max_sequence_length,
-        pad_to_multiple_of=pad_to_multiple_of, shuffle=False, **batching,
-    )
-    epochs, steps_per_epoch = _epoch_plan(len(train_batches), epochs, steps, previous_run)
+    tokenizer, initial_training = _run_tokenizer(config, output_dir, previous_run, data, chief)
+    train_batches, val_batches = _batches(config, tokenizer, data, strategy)
+    epochs, steps_per_epoch = _epoch_plan(len(train_batches), config.epochs, config.steps, previous_run)
     backup = os.path.join(output_dir, "backup" if chief else f"backup-process-{strategy.process_index}")
-    _continue_from_checkpoint(backup, os.path.join(output_dir, "checkpoints"), steps_per_epoch, initial_step)
+    continue_from_checkpoint(backup, os.path.join(output_dir, "checkpoints"), steps_per_epoch, config.initial_step)
     # Where this call starts in the run's stream of batches and of dropout
     # masks: a resumed run goes on with new ones instead of replaying the
     # first epoch's (which it would learn by heart over many restarts).
-    position = initial_step + _finished_epochs(backup) * steps_per_epoch
+    position = config.initial_step + finished_epochs(backup) * steps_per_epoch
     if position:
-        keras.utils.set_random_seed(_seed_at(seed, position))
-    with strategy.scope() if strategy else contextlib.nullcontext():
-        if initial_preset:
-            backbone = TransformerBackbone.from_preset(initial_preset, **config_overrides)
-        else:
-            backbone = TransformerBackbone(vocabulary_size=tokenizer.vocabulary_size(), **scratch_backbone)
-        preprocessor = TransformerSeq2SeqLMPreprocessor(
-            tokenizer, encoder_sequence_length=max_sequence_length, decoder_sequence_length=max_sequence_length
-        )
-        model = TransformerSeq2SeqLM(backbone, preprocessor)
-        model.compile(
-            optimizer=paper_optimizer(backbone.d_model, warmup_steps, learning_rate_scale),
-            label_smoothing=label_smoothing,
-        )
-        # A resumed run's backup restores the step it reached.
-        model.optimizer.iterations.assign(initial_step)
-    if initial_preset:
-        skip = ("name", "trainable", "dtype", "vocabulary_size")
-        backbone_config = {key: value for key, value in backbone.get_config().items() if key not in skip}
-    else:
-        backbone_config = scratch_backbone
-
-    run_info = {
-        "data": f"Multi30k task 1 train, {source}-{target}",
-        "source": source,
-        "target": target,
-        "config": None if initial_preset else config,
-        "initial_preset": initial_preset,
-        "initial_step": initial_step,
-        "initial_training": initial_training,
-        "backbone": backbone_config,
-        "vocabulary_size": tokenizer.vocabulary_size(),
-        "tokenizer_algorithm": None if initial_preset else tokenizer_algorithm,
-        "max_tokens": max_tokens,
-        "pad_to_multiple_of": pad_to_multiple_of,
-        "epochs": epochs,
-        "steps_per_epoch": steps_per_epoch,
-        "warmup_steps": warmup_steps,
-        "learning_rate_scale": learning_rate_scale,
-        "label_smoothing": label_smoothing,
-        "keep_checkpoints": keep_checkpoints,
-        "limit": limit,
-        "seed": seed,
-        "padding_fraction": round(train_batches.padding_fraction(), 4),
-        "backend": keras.config.backend(),
-    }
+        keras.utils.set_random_seed(_seed_at(config.seed, position))
+    model = _build_model(config, tokenizer, scratch_backbone, overrides, strategy)
+    run_info = _run_record(config, model, scratch_backbone, initial_training, train_batches, epochs, steps_per_epoch)
     if strategy is not None:
         run_info["devices"] = strategy.num_replicas
     if chief:
         with open(os.path.join(output_dir, "run.json"), "w") as f:
             json.dump(run_info, f, indent=2)
-
     callbacks = [keras.callbacks.BackupAndRestore(backup)]
     if chief:
-        callbacks.append(KeepLastCheckpoints(os.path.join(output_dir, "checkpoints"), keep=keep_checkpoints))
-    if bleu_sentences and chief:
-        callbacks.append(
-            BleuEvaluation(val_sources[:bleu_sentences], val_targets[:bleu_sentences], sampler="greedy")
-        )
-    if chief:
-        callbacks += [
-            keras.callbacks.TensorBoard(os.path.join(output_dir, "logs")),
-            keras.callbacks.CSVLogger(os.path.join(output_dir, "history.csv"), append=True),
-        ]
-    callbacks += list(extra_callbacks)
+        callbacks += _chief_callbacks(config, output_dir, data)
     history = model.fit(
         train_batches.dataset(repeat=True, start=position),
         validation_data=val_batches.dataset(),
         shuffle=False,  # The batches shuffle themselves each pass.
         epochs=epochs,
         steps_per_epoch=steps_per_epoch,
-        callbacks=callbacks,
+        callbacks=callbacks + list(extra_callbacks),
         verbose=verbose,
     )
-    if not chief:
-        return model, history
+    if chief:
+        _save_averaged_model(model, output_dir, config, run_info)
+    return model, history
+
+
+def _read_data(config):
+    """The run's training and validation pairs: `(sources, targets,
+    val_sources, val_targets)`."""
+    sources, targets = multi30k.load("train", config.source, config.target, config.data_dir)
+    if config.limit:
+        sources, targets = sources[: config.limit], targets[: config.limit]
+    val_sources, val_targets = multi30k.load("val", config.source, config.target, config.data_dir)
+    if config.validation_limit:
+        val_sources, val_targets = val_sources[: config.validation_limit], val_targets[: config.validation_limit]
+    return sources, targets, val_sources, val_targets
+
+
+def _run_tokenizer(config, output_dir, previous_run, data, save):
+    """The run's tokenizer and, for a run from a preset, the preset's
+    training record; sets `config.initial_step` (and, from a preset, its
+    `max_sequence_length`)."""
+    initial_training = None
+    if config.initial_preset:
+        tokenizer, preset_step, initial_training = _initial_preset(
+            config.initial_preset, output_dir, previous_run, config.source, config.target, save=save
+        )
+        if config.initial_step is None and preset_step is None:
+            warnings.warn(
+                f"The metadata of preset {config.initial_preset!r} does not say how many steps it was "
+                "trained for, so the learning-rate schedule starts again from step 0 (warming up again); "
+                "pass initial_step (--initial-step) to go on from another step.",
+                stacklevel=3,
+            )
+        if config.initial_step is None:
+            config.initial_step = preset_step
+        preset_config = read_preset_file(config.initial_preset, CONFIG_FILE)["config"]
+        config.max_sequence_length = preset_config["max_sequence_length"]
+    else:
+        sources, targets = data[:2]
+        tokenizer = _tokenizer(
+            output_dir, previous_run, sources + targets, config.vocabulary_size, config.tokenizer_algorithm,
+            save=save,
+        )
+    config.initial_step = config.initial_step or 0
+    return tokenizer, initial_training
+
+
+def _batches(config, tokenizer, data, strategy):
+    """Training and validation batches grouped by length under the token
+    budget (per device with a strategy)."""
+    sources, targets, val_sources, val_targets = data
+    batching = {} if strategy is None else strategy.batching()
+    common = dict(
+        tokenizer=tokenizer, max_tokens=config.max_tokens, max_length=config.max_sequence_length,
+        pad_to_multiple_of=config.pad_to_multiple_of, **batching,
+    )
+    return (
+        token_budget_batches(sources, targets, seed=config.seed, **common),
+        token_budget_batches(val_sources, val_targets, shuffle=False, **common),
+    )
+
+
+def _build_model(config, tokenizer, scratch_backbone, overrides, strategy):
+    """The model (under the strategy's scope), compiled with the paper's
+    recipe, its step at the run's first step."""
+    with strategy.scope() if strategy else contextlib.nullcontext():
+        if config.initial_preset:
+            backbone = TransformerBackbone.from_preset(config.initial_preset, **overrides)
+        else:
+            backbone = TransformerBackbone(vocabulary_size=tokenizer.vocabulary_size(), **scratch_backbone)
+        preprocessor = TransformerSeq2SeqLMPreprocessor(
+            tokenizer,
+            encoder_sequence_length=config.max_sequence_length,
+            decoder_sequence_length=config.max_sequence_length,
+        )
+        model = TransformerSeq2SeqLM(backbone, preprocessor)
+        model.compile(
+            optimizer=paper_optimizer(backbone.d_model, config.warmup_steps, config.learning_rate_scale),
+            label_smoothing=config.label_smoothing,
+        )
+        # A resumed run's backup restores the step it reached.
+        model.optimizer.iterations.assign(config.initial_step)
+    return model
+
+
+def _run_record(config, model, scratch_backbone, initial_training, train_batches, epochs, steps_per_epoch):
+    """The run's `run.json`: its settings and what they made."""
+    backbone_config = scratch_backbone
+    if config.initial_preset:
+        skip = ("name", "trainable", "dtype", "vocabulary_size")
+        backbone_config = {key: value for key, value in model.backbone.get_config().items() if key not in skip}
+    return {
+        "data": f"Multi30k task 1 train, {config.source}-{config.target}",
+        **config.fixed_settings(),
+        "initial_preset": config.initial_preset,
+        "initial_step": config.initial_step,
+        "initial_training": initial_training,
+        "backbone": backbone_config,
+        "vocabulary_size": model.backbone.vocabulary_size,
+        "epochs": epochs,
+        "steps_per_epoch": steps_per_epoch,
+        "keep_checkpoints": config.keep_checkpoints,
+        "padding_fraction": round(train_batches.padding_fraction(), 4),
+        "backend": keras.config.backend(),
+    }
+
+
+def _chief_callbacks(config, output_dir, data):
+    """Checkpoints, BLEU, TensorBoard and CSV logs: process 0 writes them."""
+    val_sources, val_targets = data[2:]
+    callbacks = [KeepLastCheckpoints(os.path.join(output_dir, "checkpoints"), keep=config.keep_checkpoints)]
+    if config.bleu_sentences:
+        n = config.bleu_sentences
+        callbacks.append(BleuEvaluation(val_sources[:n], val_targets[:n], sampler="greedy"))
+    return callbacks + [
+        keras.callbacks.TensorBoard(os.path.join(output_dir, "logs")),
+        keras.callbacks.CSVLogger(os.path.join(output_dir, "history.csv"), append=True),
+    ]
+
+
+def _save_averaged_model(model, output_dir, config, run_info):
+    """The model with the last checkpoints averaged, as the preset `model/`."""
     checkpoints = list_checkpoints(os.path.join(output_dir, "checkpoints"))
     if len(checkpoints) > 1:
         average_checkpoints(model, checkpoints)
     model.save_to_preset(
         os.path.join(output_dir, "model"),
         metadata={
-            "languages": {"source": source, "target": target},
+            "languages": {"source": config.source, "target": config.target},
             "data": run_info["data"],
             "training": {
                 **run_info,
@@ -498,4 +430,3 @@ def train_multi30k(
             },
         },
     )
-    return model, history

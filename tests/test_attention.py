@@ -1,12 +1,12 @@
 """Multi-head attention (section 3.2) against a NumPy implementation."""
 
-import keras
 import numpy as np
 import pytest
 
 from keras_transformer.layers import MultiHeadAttention
 from keras_transformer.layers import scaled_dot_product_attention
 
+from helpers import assert_config_round_trip
 from helpers import to_numpy
 
 
@@ -130,6 +130,4 @@ def test_mask_of_wrong_shape_is_refused():
 
 def test_config_round_trip():
     layer = MultiHeadAttention(num_heads=4, key_dim=16, value_dim=8, dropout=0.1, name="mha")
-    clone = MultiHeadAttention.from_config(layer.get_config())
-    assert clone.get_config() == layer.get_config()
-    assert isinstance(keras.layers.deserialize(keras.layers.serialize(layer)), MultiHeadAttention)
+    assert_config_round_trip(layer)

@@ -205,6 +205,7 @@ class InterfaceOnly:
     def __init__(self, model):
         self.special_token_ids = model.special_token_ids
         self.backbone = model.backbone
+        self.variables = model.variables
         self.encode = model.encode
         self.cross_attention_cache = model.cross_attention_cache
         self.empty_self_attention_cache = model.empty_self_attention_cache

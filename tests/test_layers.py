@@ -7,6 +7,7 @@ import pytest
 
 from keras_transformer import layers
 
+from helpers import assert_config_round_trip
 from helpers import to_numpy
 
 
@@ -168,9 +169,7 @@ def _example_inputs(kind):
 def test_layer_config_and_keras_file_round_trip(name, tmp_path):
     make, kind = LAYER_CASES[name]
     layer = make()
-    config = layer.get_config()
-    clone = type(layer).from_config(config)
-    assert clone.get_config() == config
+    config = assert_config_round_trip(layer)
     model = _model_around(layer, kind)
     inputs = _example_inputs(kind)
     expected = to_numpy(model(inputs))

@@ -6,6 +6,8 @@ import pytest
 
 from keras_transformer.losses import LabelSmoothedCrossEntropy
 
+from helpers import assert_config_round_trip
+
 
 def numpy_label_smoothed(labels, logits, eps, ignore_class=None):
     """The smoothed target distribution written out in full: 1 - eps on the
@@ -85,7 +87,6 @@ def test_probabilities_input():
 
 def test_serializable_and_validates():
     loss = LabelSmoothedCrossEntropy(label_smoothing=0.2, ignore_class=0)
-    restored = keras.losses.deserialize(keras.losses.serialize(loss))
-    assert restored.get_config() == loss.get_config()
+    assert_config_round_trip(loss)
     with pytest.raises(ValueError, match="label_smoothing"):
         LabelSmoothedCrossEntropy(label_smoothing=1.0)

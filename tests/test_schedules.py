@@ -7,6 +7,8 @@ import pytest
 from keras_transformer.schedules import TransformerSchedule
 from keras_transformer.schedules import paper_optimizer
 
+from helpers import assert_config_round_trip
+
 
 def equation_3(step_num, d_model, warmup_steps):
     return d_model**-0.5 * min(step_num**-0.5, step_num * warmup_steps**-1.5)
@@ -31,9 +33,7 @@ def test_scale_multiplies_the_rate():
 
 def test_serializable():
     schedule = TransformerSchedule(256, warmup_steps=123, scale=0.5)
-    restored = keras.optimizers.schedules.deserialize(keras.optimizers.schedules.serialize(schedule))
-    assert isinstance(restored, TransformerSchedule)
-    assert restored.get_config() == schedule.get_config()
+    assert_config_round_trip(schedule)
 
 
 def test_paper_optimizer_is_adam_0_9_0_98_1e_9_on_the_schedule():

@@ -20,6 +20,8 @@ steps (`interface.decoding_functions`), with sources that are done leaving
 the batch. With `beam_size=1` this is greedy decoding.
 """
 
+from typing import NamedTuple
+
 import numpy as np
 from keras import ops
 
@@ -109,27 +111,31 @@ def beam_search(
         log_probability)` tuples, best first; token ids exclude the start
         and end tokens. Empty sources give `[]`.
     """
-    if beam_size < 1:
-        raise ValueError(f"beam_size must be at least 1, got {beam_size}.")
-    if not 1 <= num_results <= beam_size:
-        raise ValueError(f"num_results must be between 1 and beam_size={beam_size}, got {num_results}.")
-    if alpha < 0:
-        raise ValueError(f"alpha must be >= 0, got {alpha}.")
-    if length_penalty not in LENGTH_PENALTIES:
-        raise ValueError(f"Unknown length_penalty {length_penalty!r}; expected one of {LENGTH_PENALTIES}.")
-    penalty_kind = length_penalty
+    _check_arguments(beam_size, num_results, alpha, length_penalty)
     # Lists of ints, whether given as lists, arrays or tensors.
     sources = [np.asarray(ids, "int32").reshape(-1).tolist() for ids in sources]
-    special = model.special_token_ids
-    pad_id, start_id, end_id = special.pad, special.start, special.end
     results = [[] for _ in sources]
     rows = [i for i, ids in enumerate(sources) if ids]
     if not rows:
         return results
-    batch, k = len(rows), beam_size
+    settings = _Settings(
+        beam_size, num_results, alpha, length_penalty, model.special_token_ids.end, model.backbone.vocabulary_size
+    )
+    finished = _search(model, [sources[i] for i in rows], max_length_offset, settings, functions)
+    for source, i in enumerate(rows):
+        ranked = sorted(finished[source], key=lambda item: -item[0])[:num_results]
+        results[i] = [(ids, float(score), float(log_prob)) for score, log_prob, ids in ranked]
+    return results
+
+
+def _search(model, sources, max_length_offset, settings, functions):
+    """`beam_search` of non-empty sources: each source's finished
+    hypotheses, `(score, log_prob, token_ids)`, in no order."""
+    special = model.special_token_ids
+    batch, k = len(sources), settings.beam_size
     limit = model.backbone.max_sequence_length
-    encoder_ids, encoder_mask = pad_sources([sources[i] for i in rows], pad_id, limit)
-    budgets = output_budgets([sources[i] for i in rows], max_length_offset, limit)
+    encoder_ids, encoder_mask = pad_sources(sources, special.pad, limit)
+    budgets = output_budgets(sources, max_length_offset, limit)
     max_length = min(round_up(int(budgets.max()) + 1, 8), limit)
 
     encode, step = functions or decoding_functions(model)
@@ -146,7 +152,7 @@ def beam_search(
     ]
     parents_flat = np.arange(batch * k, dtype="int32")
 
-    tokens = np.full((batch * k,), start_id, "int32")
+    tokens = np.full((batch * k,), special.start, "int32")
     sequences = np.zeros((batch, k, 0), "int32")
     # Only the first beam is live at the start: the others would repeat it.
     log_probs = np.full((batch, k), -np.inf, "float32")
@@ -156,7 +162,6 @@ def beam_search(
     # leave the batch (see below); `done` marks those still in it.
     slots = np.arange(batch)
     done = np.zeros(batch, bool)
-    vocabulary_size = model.backbone.vocabulary_size
 
     for index in range(max_length - 1):
         if index == cache_length:
@@ -173,38 +178,14 @@ def beam_search(
         size = len(slots)
         new_log_probs = np.full((size, k), -np.inf)
         parents = np.zeros((size, k), "int64")
-        new_tokens = np.full((size, k), pad_id, "int32")
+        new_tokens = np.full((size, k), special.pad, "int32")
         length = index + 1
         for row, source in enumerate(slots):
-            if done[row]:
-                continue
-            live = 0
-            for rank, (value, flat) in enumerate(zip(candidates[row], order[row])):
-                if not np.isfinite(value):
-                    break
-                parent, token = divmod(int(flat), vocabulary_size)
-                if token == end_id:
-                    if rank < k:
-                        ids = sequences[row, parent].tolist()
-                        finished[source].append((value / _penalty(length, alpha, penalty_kind), value, ids))
-                    continue
-                if live < k:
-                    new_log_probs[row, live], parents[row, live], new_tokens[row, live] = value, parent, token
-                    live += 1
-            if length >= budgets[source]:
-                # The maximum length: live beams finish as they are.
-                for beam in range(live):
-                    ids = sequences[row, parents[row, beam]].tolist() + [int(new_tokens[row, beam])]
-                    score = new_log_probs[row, beam] / _penalty(length, alpha, penalty_kind)
-                    finished[source].append((score, new_log_probs[row, beam], ids))
-                done[row] = True
-            elif live == 0:
-                done[row] = True
-            else:
-                scores = sorted((score for score, _, _ in finished[source]), reverse=True) + [-np.inf] * k
-                done[row] = search_is_over(
-                    len(finished[source]), new_log_probs[row, :live].max(), scores[num_results - 1],
-                    scores[k - 1], length, budgets[source], k, num_results, alpha, penalty_kind,
+            if not done[row]:
+                beams = (new_log_probs[row], parents[row], new_tokens[row])
+                live = _rank(settings, candidates[row], order[row], sequences[row], beams, length, finished[source])
+                done[row] = _source_is_done(
+                    settings, live, sequences[row], beams, length, budgets[source], finished[source]
                 )
         if done.all():
             break
@@ -216,13 +197,8 @@ def beam_search(
         log_probs = np.where(done[:, None], -np.inf, new_log_probs).astype("float32")
         tokens = new_tokens.reshape(-1)
 
-        # When at most half the slots hold live sources, the batch shrinks to
-        # the next power of two (a few shapes, so compiled steps are reused),
-        # keeping some done sources as filler: finished sources cost nothing.
-        live_rows = np.flatnonzero(~done)
-        new_size = 1 << int(len(live_rows) - 1).bit_length()
-        if new_size < size:
-            keep = np.concatenate([live_rows, np.flatnonzero(done)[: new_size - len(live_rows)]])
+        keep = _slots_to_keep(done)
+        if len(keep) < size:
             beam_rows = (keep[:, None] * k + np.arange(k)).reshape(-1)
             # The next step's reorder of the self-attention caches also drops
             # the rows that leave; the encoder's keys and values drop here.
@@ -234,7 +210,79 @@ def beam_search(
             beam_mask, tokens = beam_mask[beam_rows], tokens[beam_rows]
             sequences, log_probs, done, slots = sequences[keep], log_probs[keep], done[keep], slots[keep]
 
-    for source, i in enumerate(rows):
-        ranked = sorted(finished[source], key=lambda item: -item[0])[:num_results]
-        results[i] = [(ids, float(score), float(log_prob)) for score, log_prob, ids in ranked]
-    return results
+    return finished
+
+
+def _check_arguments(beam_size, num_results, alpha, kind):
+    if beam_size < 1:
+        raise ValueError(f"beam_size must be at least 1, got {beam_size}.")
+    if not 1 <= num_results <= beam_size:
+        raise ValueError(f"num_results must be between 1 and beam_size={beam_size}, got {num_results}.")
+    if alpha < 0:
+        raise ValueError(f"alpha must be >= 0, got {alpha}.")
+    if kind not in LENGTH_PENALTIES:
+        raise ValueError(f"Unknown length_penalty {kind!r}; expected one of {LENGTH_PENALTIES}.")
+
+
+class _Settings(NamedTuple):
+    beam_size: int
+    num_results: int
+    alpha: float
+    kind: str
+    end_id: int
+    vocabulary_size: int
+
+
+def _rank(settings, candidates, order, sequences, beams, length, finished):
+    """Rule 3 (see `rules.py`) for one source: end tokens among the best
+    `beam_size` candidates finish hypotheses (appended to `finished` as
+    `(score, log_prob, ids)`); the best `beam_size` others fill `beams`
+    (log-probabilities, parents, tokens) in place. Returns how many did."""
+    log_probs, parents, tokens = beams
+    live = 0
+    for rank, (value, flat) in enumerate(zip(candidates, order)):
+        if not np.isfinite(value):
+            break
+        parent, token = divmod(int(flat), settings.vocabulary_size)
+        if token == settings.end_id:
+            if rank < settings.beam_size:
+                score = value / _penalty(length, settings.alpha, settings.kind)
+                finished.append((score, value, sequences[parent].tolist()))
+            continue
+        if live < settings.beam_size:
+            log_probs[live], parents[live], tokens[live] = value, parent, token
+            live += 1
+    return live
+
+
+def _source_is_done(settings, live, sequences, beams, length, budget, finished):
+    """Rules 4 and 5 for one source after `_rank`: at its budget the live
+    beams finish as they are (appended to `finished`); otherwise it is done
+    with no live beam or by `rules.search_is_over`."""
+    log_probs, parents, tokens = beams
+    if length >= budget:
+        for beam in range(live):
+            ids = sequences[parents[beam]].tolist() + [int(tokens[beam])]
+            score = log_probs[beam] / _penalty(length, settings.alpha, settings.kind)
+            finished.append((score, log_probs[beam], ids))
+        return True
+    if live == 0:
+        return True
+    k, n = settings.beam_size, settings.num_results
+    scores = sorted((score for score, _, _ in finished), reverse=True) + [-np.inf] * k
+    return search_is_over(
+        len(finished), log_probs[:live].max(), scores[n - 1], scores[k - 1], length, budget, k, n,
+        settings.alpha, settings.kind,
+    )
+
+
+def _slots_to_keep(done):
+    """The batch slots the next step keeps: all of them, or, when at most
+    half hold live sources, the live ones and some done ones as filler, to
+    the next power of two (a few shapes, so compiled steps are reused;
+    finished sources cost nothing)."""
+    live_rows = np.flatnonzero(~done)
+    size = 1 << int(len(live_rows) - 1).bit_length()
+    if size >= len(done):
+        return np.arange(len(done))
+    return np.concatenate([live_rows, np.flatnonzero(done)[: size - len(live_rows)]])

@@ -30,10 +30,13 @@ class Seq2SeqDecodingModel(Protocol):
             and never outputs `never_output`.
         backbone: has `vocabulary_size` and `max_sequence_length` (the
             longest sequence the positions allow).
+        variables: the weights the methods below read (on JAX the
+            compiled decoding functions take them as inputs).
     """
 
     special_token_ids: Any
     backbone: Any
+    variables: Any
 
     def encode(self, encoder_token_ids, encoder_padding_mask):
         """The encoder output `(batch, source_length, d_model)`."""
