@@ -34,6 +34,7 @@ import os
 import numpy as np
 
 from keras_transformer.convert import marian
+from keras_transformer.convert import marian_weights
 from keras_transformer.presets import PresetError
 from keras_transformer.utils.files import move_into_place
 from keras_transformer.utils.files import reporting_full_disk
@@ -142,7 +143,7 @@ class MarianLayout:
 def _marian_weights(backbone, layout):
     """The Marian state dict of `backbone` in `layout`, with the first
     decoder input moved into the decoder's position table."""
-    state = marian.backbone_to_marian_weights(backbone)
+    state = marian_weights.backbone_to_marian_weights(backbone)
     embeddings = state["model.shared.weight"][layout.order]
     bias = state["final_logits_bias"][:, layout.order]
     scale = np.sqrt(backbone.d_model) if backbone.scale_embeddings else 1.0
@@ -151,7 +152,7 @@ def _marian_weights(backbone, layout):
     for token in layout.never_output:
         if token != layout.pad:
             bias[:, token] = NEVER_OUTPUT_BIAS
-    positions = marian.marian_positions(backbone.max_sequence_length, backbone.d_model)
+    positions = marian_weights.marian_positions(backbone.max_sequence_length, backbone.d_model)
     decoder_positions = positions.copy()
     decoder_positions[0] += first_input
     for name in ("model.shared.weight", "model.encoder.embed_tokens.weight", "model.decoder.embed_tokens.weight",
