@@ -3,6 +3,7 @@
 The preset is written out with `keras_transformer.convert.export_marian`,
 converted by CTranslate2's own `TransformersConverter` (what
 `ct2-transformers-converter` runs) in float32 and int8, and both engines
+(this package in float32, with int8 weights and in bfloat16)
 translate the same Multi30k test_2016_flickr sources with beam 4 and the
 same ranking: log P / |Y|^0.6 (this package's `length_penalty="length"`,
 CTranslate2's `length_penalty=0.6`), at most source length + 50 tokens.
@@ -42,21 +43,33 @@ def _timed(translate, items, batch_size):
 
 
 def ours_worker(preset, data_dir, batch1, batch64):
-    """Times this package on the current backend; prints one JSON line."""
+    """Times this package on the current backend, with float32 weights,
+    int8 weights (`model.quantize("int8")`) and bfloat16 computation
+    (`from_preset(dtype="bfloat16")`); prints the rows as one JSON line."""
     import keras
     import sacrebleu
 
-    model, sources, references = _sources(preset, data_dir, max(batch1, batch64))
+    from keras_transformer.models import TransformerSeq2SeqLM
 
-    def translate(texts):
-        return model.generate(texts, beam_size=BEAM, alpha=ALPHA, length_penalty="length",
-                              max_length_offset=OFFSET, batch_size=len(texts))
+    rows = []
+    for dtype in ("float32", "int8", "bfloat16"):
+        model, sources, references = _sources(preset, data_dir, max(batch1, batch64))
+        if dtype == "int8":
+            model.quantize("int8")
+        elif dtype == "bfloat16":
+            model = TransformerSeq2SeqLM.from_preset(preset, dtype="bfloat16")
 
-    speed1, _ = _timed(translate, sources[:batch1], 1)
-    speed64, outputs = _timed(translate, sources[:batch64], 64)
-    bleu = sacrebleu.corpus_bleu(outputs, [references[:batch64]]).score
-    print(json.dumps({"engine": f"keras_transformer ({keras.config.backend()})", "dtype": "float32",
-                      "batch1": speed1, "batch64": speed64, "bleu": bleu}))
+        def translate(texts, model=model):
+            return model.generate(texts, beam_size=BEAM, alpha=ALPHA, length_penalty="length",
+                                  max_length_offset=OFFSET, batch_size=len(texts))
+
+        speed1, _ = _timed(translate, sources[:batch1], 1)
+        speed64, outputs = _timed(translate, sources[:batch64], 64)
+        bleu = sacrebleu.corpus_bleu(outputs, [references[:batch64]]).score
+        rows.append({"engine": f"keras_transformer ({keras.config.backend()})", "dtype": dtype,
+                     "batch1": speed1, "batch64": speed64, "bleu": bleu})
+        print(f"{keras.config.backend()} {dtype}: {speed1:.1f} / {speed64:.1f} sent/s", file=sys.stderr, flush=True)
+    print(json.dumps(rows))
 
 
 def ctranslate2_rows(preset, data_dir, batch1, batch64):
@@ -118,7 +131,7 @@ def compare(args, script):
         process = subprocess.run(command, env=env, capture_output=True, text=True)
         if process.returncode:
             sys.exit(f"The {backend} worker failed:\n{process.stderr[-3000:]}")
-        rows.append(json.loads(process.stdout.strip().splitlines()[-1]))
+        rows.extend(json.loads(process.stdout.strip().splitlines()[-1]))
     anchor = rows[0]
     print("| engine | weights | batch 1 (sent/s) | batch 64 (sent/s) | batch 1 / CT2 fp32 | batch 64 / CT2 fp32 | BLEU |")
     print("| --- | --- | ---: | ---: | ---: | ---: | ---: |")

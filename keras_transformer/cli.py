@@ -128,6 +128,25 @@ def _add_evaluate(subparsers):
     _add_length_penalty(p)
     p.add_argument("--limit", type=_positive_int, help="translate only the first N sentences")
     p.add_argument("--output", help="write the translations to this file")
+    _add_precision(p)
+
+
+def _add_precision(p):
+    p.add_argument("--dtype", choices=("float32", "bfloat16", "float16"),
+                   help="compute in this precision (default: the preset's, float32)")
+    p.add_argument("--quantize", choices=("int8",),
+                   help="store the weights in int8 (Keras's quantization): a quarter of the memory")
+
+
+def _load_translator(preset, args):
+    """The model of `preset` in the precision that --dtype and --quantize ask for."""
+    from keras_transformer.models import TransformerSeq2SeqLM
+
+    kwargs = {"dtype": args.dtype} if args.dtype else {}
+    model = TransformerSeq2SeqLM.from_preset(preset, **kwargs)
+    if args.quantize:
+        model.quantize(args.quantize)
+    return model
 
 
 def _add_length_penalty(p):
@@ -208,7 +227,6 @@ def _evaluate(args):
     from keras_transformer import presets
     from keras_transformer.datasets import multi30k
     from keras_transformer.metrics import evaluate_translation
-    from keras_transformer.models import TransformerSeq2SeqLM
 
     presets.check(args.model, ("config", "tokenizer"))  # before its languages are read
     _check_output_path(args.output)
@@ -216,7 +234,7 @@ def _evaluate(args):
     sources, references = multi30k.load(args.split, source, target, args.data_dir)
     if args.limit:
         sources, references = sources[: args.limit], references[: args.limit]
-    model = TransformerSeq2SeqLM.from_preset(args.model)
+    model = _load_translator(args.model, args)
     decoding = dict(sampler="greedy") if args.beam_size == 1 else dict(
         beam_size=args.beam_size, alpha=args.alpha, length_penalty=args.length_penalty
     )
@@ -248,11 +266,10 @@ def _add_translate(subparsers):
     p.add_argument("--batch-size", type=_positive_int, default=64, help="sentences translated together (default: 64)")
     p.add_argument("-i", "--input", help="a text file, one sentence a line (default: stdin)")
     p.add_argument("-o", "--output", help="write the translations to this file (default: stdout)")
+    _add_precision(p)
 
 
 def _translate(args):
-    from keras_transformer.models import TransformerSeq2SeqLM
-
     if args.beam_size < 1:
         raise SystemExit("error: --beam-size must be at least 1")
     if args.text and args.input:
@@ -270,7 +287,7 @@ def _translate(args):
             print("Type sentences, one a line; end with Ctrl-D.", file=sys.stderr)
         texts = _decode_lines(sys.stdin.buffer.read(), "standard input")
     _check_output_path(args.output)
-    model = TransformerSeq2SeqLM.from_preset(args.preset)
+    model = _load_translator(args.preset, args)
     decoding = dict(sampler="greedy") if args.beam_size == 1 else dict(
         beam_size=args.beam_size, alpha=args.alpha, length_penalty=args.length_penalty
     )

@@ -68,6 +68,13 @@ def never_output_bias(model):
 _ATTRIBUTE = "_decoding_functions"
 
 
+def forget_decoding_functions(model):
+    """Drops `model`'s compiled decoding functions, after its variables
+    changed (quantization): the next search compiles them again."""
+    if getattr(model, _ATTRIBUTE, None) is not None:
+        setattr(model, _ATTRIBUTE, None)
+
+
 def decoding_functions(model):
     """The encoder and the beam search step of `model` (a
     `Seq2SeqDecodingModel`), compiled for the backend (see

@@ -36,8 +36,10 @@ def length_penalty(length, alpha, kind="gnmt", xp=np):
 
     Example:
 
-    >>> float(length_penalty(7, 0.6))
-    1.1153...
+    >>> round(float(length_penalty(7, 0.6)), 4)  # ((5 + 7) / 6) ** 0.6
+    1.5157
+    >>> round(float(length_penalty(7, 0.6, "length")), 4)  # 7 ** 0.6
+    3.2141
     """
     length = xp.asarray(length, "float64")
     if kind == "length":

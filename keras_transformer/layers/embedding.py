@@ -96,9 +96,25 @@ class SharedTokenEmbedding(keras.layers.ReversibleEmbedding):
             spec = {mode: [*names, "logits_bias"] for mode, names in spec.items()}
         return spec
 
+    def quantize(self, mode=None, type_check=True, config=None):
+        # Keras quantizes subclasses of ReversibleEmbedding only when they
+        # opt in: the scaling and the logits bias here wrap its own call,
+        # which reads the quantized weights, so its quantization holds.
+        super().quantize(mode, type_check=False, config=config)
+
     def call(self, inputs, reverse=False):
+        return self._shared_call(super().call, inputs, reverse)
+
+    def quantized_call(self, inputs, reverse=False):
+        # Keras calls this instead of `call` once the layer is quantized.
+        return self._shared_call(super().quantized_call, inputs, reverse)
+
+    def _shared_call(self, embedding_call, inputs, reverse):
+        """`ReversibleEmbedding`'s call (float or quantized), scaled by
+        sqrt(d_model) as an embedding, plus the logits bias as the output
+        projection."""
         if reverse:
-            logits = super().call(inputs, reverse=True)
+            logits = embedding_call(inputs, reverse=True)
             if self.logits_bias is not None:
                 logits = logits + ops.cast(self.logits_bias, logits.dtype)
             return logits
@@ -108,7 +124,7 @@ class SharedTokenEmbedding(keras.layers.ReversibleEmbedding):
                 f"{self.name} expects integer token ids, got dtype {dtype}. "
                 "Tokenize the text first and pass int32 or int64 ids."
             )
-        outputs = super().call(inputs)
+        outputs = embedding_call(inputs)
         if self.scale_embeddings:
             outputs = outputs * ops.cast(math.sqrt(self.output_dim), outputs.dtype)
         return outputs

@@ -1,0 +1,73 @@
+"""Translating in lower precision: int8 weights (Keras's quantization) and
+bfloat16 computation, through `quantize`, `from_preset(dtype=...)` and the
+command line's --quantize and --dtype."""
+
+import os
+
+import keras
+import numpy as np
+import pytest
+
+from keras_transformer import cli
+from keras_transformer import presets
+from keras_transformer.layers import SharedTokenEmbedding
+from keras_transformer.models import TransformerSeq2SeqLM
+
+from helpers import to_numpy
+
+PRESET = "transformer_multi30k_en_de"
+
+
+def test_quantized_shared_embedding_keeps_its_scaling_and_logits_bias():
+    """Keras calls `quantized_call`, not `call`, once a layer is quantized:
+    the sqrt(d_model) scaling and the logits bias must hold there too."""
+    embedding = SharedTokenEmbedding(vocabulary_size=50, d_model=16, output_bias=True)
+    ids = np.array([[1, 5, 7, 49]])
+    hidden = np.random.normal(size=(1, 4, 16)).astype("float32")
+    embedding(ids)
+    embedding.logits_bias.assign(np.linspace(-3, 3, 50).astype("float32"))
+    expected_embeddings, expected_logits = to_numpy(embedding(ids)), to_numpy(embedding(hidden, reverse=True))
+    embedding.quantize("int8")
+    assert keras.backend.standardize_dtype(embedding.embeddings.dtype) == "int8"
+    embeddings, logits = to_numpy(embedding(ids)), to_numpy(embedding(hidden, reverse=True))
+    # int8 with a scale per row: about 1/254 of each row's largest value.
+    assert np.abs(embeddings - expected_embeddings).max() < 0.01 * np.abs(expected_embeddings).max()
+    assert np.abs(logits - expected_logits).max() < 0.02 * np.abs(expected_logits).max()
+
+
+def test_int8_model_translates_like_float32_and_saves_as_int8(tmp_path):
+    sentences = [
+        "A man is riding a bicycle.",
+        "Two dogs are playing in the snow.",
+        "A woman in a red coat is walking down the street.",
+        "Children are playing soccer on a field.",
+    ]
+    model = TransformerSeq2SeqLM.from_preset(PRESET)
+    expected = model.generate(sentences, sampler="greedy")
+    model.quantize("int8")
+    kernels = [v for v in model.backbone.weights if v.path.endswith(("kernel", "embeddings"))]
+    assert kernels and all(keras.backend.standardize_dtype(v.dtype) == "int8" for v in kernels)
+    quantized = model.generate(sentences, sampler="greedy")
+    assert sum(a == b for a, b in zip(quantized, expected)) >= 3, (quantized, expected)
+    model.save_to_preset(str(tmp_path / "int8"))
+    restored = TransformerSeq2SeqLM.from_preset(str(tmp_path / "int8"))
+    assert restored.generate(sentences, sampler="greedy") == quantized
+    # Half the size of the shipped weights, which are stored in float16.
+    shipped = os.path.join(presets.list_presets()[PRESET]["path"], "model.weights.h5")
+    assert (tmp_path / "int8" / "model.weights.h5").stat().st_size < 0.6 * os.path.getsize(shipped)
+
+
+def test_bfloat16_model_computes_in_bfloat16_and_translates_like_float32():
+    model = TransformerSeq2SeqLM.from_preset(PRESET, dtype="bfloat16")
+    assert model.backbone.compute_dtype == "bfloat16"
+    cache = model.empty_self_attention_cache(2, 8)
+    assert keras.backend.standardize_dtype(cache[0][0].dtype) == "bfloat16"
+    assert model.generate("A man is riding a bicycle.") == "Ein Mann fährt Fahrrad."
+
+
+@pytest.mark.parametrize("flags", [["--quantize", "int8"], ["--dtype", "bfloat16"]])
+def test_translate_command_takes_precision_flags(flags, capsys):
+    cli.main(["translate", *flags, "A man is riding a bicycle."])
+    assert capsys.readouterr().out == "Ein Mann fährt Fahrrad.\n"
+    with pytest.raises(SystemExit):
+        cli.main(["translate", "--dtype", "int3", "A dog."])
