@@ -19,6 +19,8 @@ import warnings
 import keras
 import numpy as np
 
+from keras_transformer.utils.files import written_in_place
+
 _PATTERN = "step-{step:09d}.weights.h5"
 _STEP = re.compile(r"step-(\d+)\.weights\.h5")
 # Where a checkpoint is written before it takes its name: a kill mid-write
@@ -82,11 +84,9 @@ class KeepLastCheckpoints(keras.callbacks.Callback):
         os.makedirs(self.directory, exist_ok=True)
         step = self._step()
         path = os.path.join(self.directory, _PATTERN.format(step=step))
-        # Write to a temporary name first: a kill mid-write leaves no
-        # truncated checkpoint under a real name.
-        partial = os.path.join(self.directory, _PARTIAL.format(name=os.path.basename(path)))
-        self.model.save_weights(partial, overwrite=True)
-        os.replace(partial, path)
+        # A kill mid-write leaves no truncated checkpoint under a real name.
+        with written_in_place(path) as partial:
+            self.model.save_weights(partial, overwrite=True)
         checkpoints = list_checkpoints(self.directory)
         later = [p for p in checkpoints if checkpoint_step(p) > step]
         if later:
@@ -220,15 +220,13 @@ def continue_from_checkpoint(backup_dir, checkpoint_dir, steps_per_epoch, initia
     newest = checkpoints[-1]
     step = checkpoint_step(newest)
     epoch = (step - initial_step) // steps_per_epoch
-    # Written beside and moved into place, so that a kill halfway leaves no
-    # empty backup (which would restart the run from its first epoch).
-    partial = backup_dir + ".partial"
-    shutil.rmtree(partial, ignore_errors=True)
-    os.makedirs(partial)
-    shutil.copyfile(newest, os.path.join(partial, "latest.weights.h5"))
-    with open(os.path.join(partial, "training_metadata.json"), "w") as f:
-        json.dump({"epoch": epoch, "batch": 0}, f)
-    os.replace(partial, backup_dir)
+    # A kill halfway leaves no empty backup (which would restart the run
+    # from its first epoch).
+    with written_in_place(backup_dir) as partial:
+        os.makedirs(partial)
+        shutil.copyfile(newest, os.path.join(partial, "latest.weights.h5"))
+        with open(os.path.join(partial, "training_metadata.json"), "w") as f:
+            json.dump({"epoch": epoch, "batch": 0}, f)
     print(f"Continuing from {newest} (step {step}, after epoch {epoch}).")
 
 

@@ -35,6 +35,7 @@ from keras_transformer.schedules import paper_optimizer
 from keras_transformer.train_config import PRESET_OVERRIDES
 from keras_transformer.train_config import TrainConfig
 from keras_transformer.train_config import fixed_setting_names
+from keras_transformer.utils.files import written_in_place
 
 TOKENIZER_FILE = "tokenizer.spm"
 
@@ -53,9 +54,8 @@ def _tokenizer(output_dir, run, texts, vocabulary_size, algorithm, save=True):
     tokenizer = train_tokenizer(texts, vocabulary_size, algorithm)
     if not save:
         return tokenizer
-    with open(path + ".partial", "wb") as f:
+    with written_in_place(path) as partial, open(partial, "wb") as f:
         f.write(tokenizer.proto)
-    os.replace(path + ".partial", path)
     return tokenizer
 
 
@@ -178,9 +178,8 @@ def _initial_preset(preset, output_dir, run, source, target, save=True):
         return TransformerTokenizer(proto=path), int(run.get("initial_step") or 0), run.get("initial_training")
     tokenizer = TransformerTokenizer.from_preset(preset)
     if save:
-        with open(path + ".partial", "wb") as f:
+        with written_in_place(path) as partial, open(partial, "wb") as f:
             f.write(tokenizer.proto)
-        os.replace(path + ".partial", path)
     metadata = preset_metadata(preset)
     languages = metadata.get("languages", {})
     if languages and (languages.get("source"), languages.get("target")) != (source, target):

@@ -55,6 +55,38 @@ def staging_directory(target, purpose="writing"):
         shutil.rmtree(staging, ignore_errors=True)
 
 
+@contextlib.contextmanager
+def written_in_place(path):
+    """A temporary name beside `path` (a file or a directory) to write to;
+    it takes `path`'s place when the block ends without an error, so that a
+    kill or an error mid-write leaves nothing truncated under the real name.
+    The temporary name keeps `path`'s suffix (Keras checks it) and starts
+    with a dot (no glob for the real names matches it).
+
+    >>> import os, tempfile
+    >>> root = tempfile.mkdtemp()
+    >>> with written_in_place(os.path.join(root, "a.txt")) as partial:
+    ...     _ = open(partial, "w").write("whole")
+    >>> os.listdir(root), open(os.path.join(root, "a.txt")).read()
+    (['a.txt'], 'whole')
+    """
+    path = os.fspath(path)
+    partial = os.path.join(os.path.dirname(path), f".partial-{os.path.basename(path)}")
+    _remove(partial)
+    try:
+        yield partial
+        os.replace(partial, path)
+    finally:
+        _remove(partial)
+
+
+def _remove(path):
+    if os.path.isdir(path) and not os.path.islink(path):
+        shutil.rmtree(path, ignore_errors=True)
+    elif os.path.lexists(path):
+        os.remove(path)
+
+
 def move_into_place(staging, target, replaces=()):
     """Moves every entry of `staging` into the directory `target`.
 
