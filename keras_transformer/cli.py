@@ -52,13 +52,6 @@ def _quiet_native_logs():
         pass
 
 
-_positive_int = arguments.positive_int
-_non_negative_int = arguments.non_negative_int
-_positive_float = arguments.positive_float
-_non_negative_float = arguments.non_negative_float
-_probability = arguments.probability
-
-
 def _lines(text):
     """The lines of a text file: split at newlines only (`str.splitlines`
     also splits at form feeds and Unicode line separators inside a line,
@@ -107,7 +100,7 @@ def _add_train(subparsers):
     p = subparsers.add_parser("train", help="Train on Multi30k with the paper's recipe.")
     p.add_argument("--output-dir", required=True, help="the run's directory; rerun to resume")
     train_config.add_arguments(p)
-    p.add_argument("--devices", type=_positive_int,
+    p.add_argument("--devices", type=arguments.positive_int,
                    help="train data-parallel on N devices (JAX, TensorFlow: of this process; "
                         "PyTorch: launch with torchrun --nproc_per_node N); --max-tokens is per device")
     p.add_argument("--multi-host", action="store_true",
@@ -122,11 +115,11 @@ def _add_evaluate(subparsers):
     p.add_argument("--source", help="source language (default: the model's)")
     p.add_argument("--target", help="target language (default: the model's)")
     p.add_argument("--data-dir")
-    p.add_argument("--batch-size", type=_positive_int, default=64)
-    p.add_argument("--beam-size", type=_positive_int, default=4, help="1 decodes greedily (default: 4)")
-    p.add_argument("--alpha", type=_non_negative_float, default=0.6, help="length penalty (default: 0.6)")
+    p.add_argument("--batch-size", type=arguments.positive_int, default=64)
+    p.add_argument("--beam-size", type=arguments.positive_int, default=4, help="1 decodes greedily (default: 4)")
+    p.add_argument("--alpha", type=arguments.non_negative_float, default=0.6, help="length penalty (default: 0.6)")
     _add_length_penalty(p)
-    p.add_argument("--limit", type=_positive_int, help="translate only the first N sentences")
+    p.add_argument("--limit", type=arguments.positive_int, help="translate only the first N sentences")
     p.add_argument("--output", help="write the translations to this file")
     _add_precision(p)
 
@@ -260,10 +253,10 @@ def _add_translate(subparsers):
     p.add_argument("text", nargs="*", help="sentences to translate (default: read lines from --input or stdin)")
     p.add_argument("--preset", default=DEFAULT_PRESET,
                    help=f"a preset name or directory (default: {DEFAULT_PRESET})")
-    p.add_argument("--beam-size", type=_positive_int, default=4, help="1 decodes greedily (default: 4)")
-    p.add_argument("--alpha", type=_non_negative_float, default=0.6, help="length penalty (default: 0.6)")
+    p.add_argument("--beam-size", type=arguments.positive_int, default=4, help="1 decodes greedily (default: 4)")
+    p.add_argument("--alpha", type=arguments.non_negative_float, default=0.6, help="length penalty (default: 0.6)")
     _add_length_penalty(p)
-    p.add_argument("--batch-size", type=_positive_int, default=64, help="sentences translated together (default: 64)")
+    p.add_argument("--batch-size", type=arguments.positive_int, default=64, help="sentences translated together (default: 64)")
     p.add_argument("-i", "--input", help="a text file, one sentence a line (default: stdin)")
     p.add_argument("-o", "--output", help="write the translations to this file (default: stdout)")
     _add_precision(p)
@@ -342,9 +335,9 @@ def _add_export(subparsers):
     p.add_argument("output_dir", help="the SavedModel's directory (must be empty or absent)")
     p.add_argument("--preset", default=DEFAULT_PRESET,
                    help=f"a preset name or directory (default: {DEFAULT_PRESET})")
-    p.add_argument("--beam-size", type=_positive_int, default=4, help="fixed in the export; 1 decodes greedily (default: 4)")
-    p.add_argument("--alpha", type=_non_negative_float, default=0.6, help="length penalty, fixed in the export (default: 0.6)")
-    p.add_argument("--max-length-offset", type=_positive_int, default=50,
+    p.add_argument("--beam-size", type=arguments.positive_int, default=4, help="fixed in the export; 1 decodes greedily (default: 4)")
+    p.add_argument("--alpha", type=arguments.non_negative_float, default=0.6, help="length penalty, fixed in the export (default: 0.6)")
+    p.add_argument("--max-length-offset", type=arguments.positive_int, default=50,
                    help="at most source length + this many output tokens (default: 50)")
     p.add_argument("--overwrite", action="store_true", help="replace an earlier export in the output directory")
 
