@@ -32,6 +32,8 @@ Export runs through TensorFlow: under another backend, `export_saved_model`
 runs itself in a TensorFlow subprocess (weights are portable).
 """
 
+import errno
+import json
 import os
 import subprocess
 import sys
@@ -87,8 +89,7 @@ def export_saved_model(model, export_dir, beam_size=4, alpha=0.6, max_length_off
     """
     if beam_size < 1:
         raise ValueError(f"beam_size must be at least 1, got {beam_size}.")
-    if not 0 <= alpha < float("inf"):  # NaN too
-        raise ValueError(f"alpha must be a finite number >= 0, got {alpha}.")
+    rules.check_alpha(alpha)
     if max_length_offset < 0:
         raise ValueError(
             f"max_length_offset must be >= 0, got {max_length_offset}: the SavedModel must leave "
@@ -180,10 +181,33 @@ def _write_in_tensorflow_process(model, saved_model, staging, beam_size, alpha, 
         sys.executable, "-m", "keras_transformer.export", preset, saved_model,
         "--beam-size", str(beam_size), "--alpha", repr(alpha), "--max-length-offset", str(max_length_offset),
     ]
-    env = {**os.environ, "KERAS_BACKEND": "tensorflow"}
+    env = {**os.environ, "KERAS_BACKEND": "tensorflow", "TF_CPP_MIN_LOG_LEVEL": "3"}
     result = subprocess.run(command, env=env, capture_output=True, text=True)
     if result.returncode != 0:
-        raise ExportError(f"The export under TensorFlow failed:\n{result.stderr[-4000:]}")
+        raise _subprocess_error(result.stderr)
+
+
+# The subprocess reports the errors of bad input (the preset, the settings,
+# the file system) on one line after this marker, so that the caller raises
+# them again as they are, not as a traceback in an ExportError.
+_ERROR_MARKER = "keras_transformer.export error: "
+
+
+def _subprocess_error(stderr):
+    """The subprocess's reported error as the exception it was (a
+    `PresetError`, `ValueError` or `OSError`), else an `ExportError` that
+    ends with its error output."""
+    from keras_transformer.presets import PresetError
+
+    for line in reversed(stderr.splitlines()):
+        if line.startswith(_ERROR_MARKER):
+            error = json.loads(line[len(_ERROR_MARKER) :])
+            if error["type"] in ("PresetError", "ValueError"):
+                return (PresetError if error["type"] == "PresetError" else ValueError)(error["message"])
+            raised = OSError(error["message"])
+            raised.errno = error["errno"]
+            return raised
+    return ExportError(f"The export under TensorFlow failed:\n{stderr[-4000:]}")
 
 
 def _write(model, path, beam_size, alpha, max_length_offset):
@@ -379,8 +403,22 @@ def main(argv=None):
     parser.add_argument("--alpha", type=float, default=0.6)
     parser.add_argument("--max-length-offset", type=int, default=50)
     args = parser.parse_args(argv)
-    model = _load(args.preset)
-    _write(model, args.export_dir, args.beam_size, args.alpha, args.max_length_offset)
+    try:
+        model = _load(args.preset)
+        _write(model, args.export_dir, args.beam_size, args.alpha, args.max_length_offset)
+    except Exception as error:
+        from keras_transformer.presets import PresetError
+        from keras_transformer.utils.files import is_disk_full
+
+        if is_disk_full(error):  # TensorFlow's own errors too
+            report = {"type": "OSError", "errno": errno.ENOSPC, "message": f"No space left on device: {error}"}
+        elif isinstance(error, (ValueError, OSError)):
+            kind = "PresetError" if isinstance(error, PresetError) else "OSError" if isinstance(error, OSError) else "ValueError"
+            report = {"type": kind, "errno": getattr(error, "errno", None), "message": str(error)}
+        else:
+            raise  # a bug: the traceback says where
+        print(_ERROR_MARKER + json.dumps(report), file=sys.stderr)
+        sys.exit(1)
 
 
 if __name__ == "__main__":

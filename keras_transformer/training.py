@@ -252,9 +252,13 @@ def train_multi30k(output_dir, strategy=None, extra_callbacks=(), verbose="auto"
         **CONFIGS[config.config], **overrides, "max_sequence_length": config.max_sequence_length
     }
     _check_same_settings(output_dir, previous_run, config.fixed_settings(), scratch_backbone)
-    # The data is read before the run's directory is made: a wrong
-    # data_dir leaves nothing behind.
+    # The data and the preset are read before the run's directory is made:
+    # a wrong data_dir or preset leaves nothing behind.
     data = _read_data(config)
+    if config.initial_preset:
+        from keras_transformer.presets import check
+
+        check(config.initial_preset, ("config", "tokenizer"))
     os.makedirs(output_dir, exist_ok=True)
     keras.utils.set_random_seed(config.seed)
 

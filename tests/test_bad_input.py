@@ -81,6 +81,19 @@ def test_generate_says_what_it_takes(preset):
     for alpha in (float("nan"), float("inf"), -1.0, "0.6"):
         with pytest.raises(ValueError, match="alpha .* must be a finite number >= 0"):
             model.generate(TEXTS, alpha=alpha)
+    # Greedy decoding has no length penalty, but a bad value is still a mistake.
+    with pytest.raises(ValueError, match="alpha .* must be a finite number >= 0"):
+        model.generate(TEXTS, sampler="greedy", alpha=float("nan"))
+
+
+def test_export_refuses_bad_settings_before_any_work(preset, tmp_path):
+    from keras_transformer.export import export_saved_model
+
+    model, _ = preset
+    for alpha in ("0.6", float("inf")):
+        with pytest.raises(ValueError, match="alpha .* must be a finite number >= 0"):
+            export_saved_model(model, str(tmp_path / "exported"), alpha=alpha)
+    assert not os.path.exists(tmp_path / "exported")
 
 
 def test_cli_refuses_infinite_numbers(preset, capsys):
@@ -108,8 +121,8 @@ def test_a_vocabulary_of_another_size_is_refused(preset, multi30k_train):
 def test_damaged_weights_are_a_preset_error(preset):
     _, directory = preset
     weights = os.path.join(directory, "model.weights.h5")
-    with open(weights, "r+b") as f:  # HDF5's own structures, not a tensor
-        f.seek(96)
+    with open(weights, "r+b") as f:  # HDF5's own structures (a B-tree node), not a tensor
+        f.seek(6144)
         f.write(b"\xff" * 16)
     with pytest.raises(PresetError, match="SHA-256"):  # checked before the file is walked
         TransformerSeq2SeqLM.from_preset(directory)
@@ -147,6 +160,23 @@ def test_a_config_that_does_not_fit_the_weights_is_refused(preset):
         TransformerSeq2SeqLM.from_preset(directory)
     with pytest.raises(PresetError, match="do not fit"):
         TransformerBackbone.from_preset(directory)
+
+
+def test_weights_of_other_shapes_than_the_config_are_refused(preset):
+    """Same variables, other sizes (a config edited to another d_ff): Keras
+    refuses the shapes; the error names the weights and the config."""
+    _, directory = preset
+
+    def wider(config):
+        for item in _dicts(config):
+            if "d_ff" in item:
+                item["d_ff"] = 128
+
+    for name in ("config.json", "task.json"):
+        _edit_json(directory, name, wider)
+    for cls in (TransformerSeq2SeqLM, TransformerBackbone):
+        with pytest.raises(PresetError, match=r"weights in .*model.weights.h5' do not fit the model in .*config.json'"):
+            cls.from_preset(directory)
 
 
 def test_crafted_presets_are_refused_with_the_file(preset):
@@ -217,11 +247,39 @@ def test_a_full_disk_is_said_and_leaves_the_preset_as_it_was(preset, monkeypatch
         assert sorted(os.listdir(tmp_path)) == ["preset"]  # nothing left behind
 
 
-@pytest.mark.skipif(keras.config.backend() != "tensorflow", reason="exports in this process on TensorFlow only")
+def _fake_tensorflow_export(model, saved_model, staging, beam_size, alpha, max_length_offset):
+    """What the TensorFlow subprocess writes (test_export.py runs the real
+    one): the SavedModel's entries, which say their beam size."""
+    for name in ("variables", "assets"):
+        os.makedirs(os.path.join(saved_model, name))
+    for name in ("saved_model.pb", "fingerprint.pb"):
+        with open(os.path.join(saved_model, name), "w") as f:
+            f.write(f"beam {beam_size}")
+
+
+def _child_report(monkeypatch, capsys, error):
+    """The stderr of the export's TensorFlow subprocess when it meets `error`."""
+    from keras_transformer import export
+
+    def fail(*args):
+        raise error
+
+    with monkeypatch.context() as patched:
+        patched.setattr(export, "_load", fail)
+        with pytest.raises(SystemExit):
+            export.main(["preset", "out"])
+    return capsys.readouterr().err
+
+
 def test_export_overwrite_keeps_the_users_files_and_says_disk_full(preset, monkeypatch, tmp_path, capsys):
-    import tensorflow as tf
+    from keras_transformer import export
 
     _, directory = preset
+    in_process = keras.config.backend() == "tensorflow"
+    if not in_process:
+        # Other backends write the SavedModel in a TensorFlow subprocess;
+        # what an overwrite replaces and keeps is decided here, in this one.
+        monkeypatch.setattr(export, "_write_in_tensorflow_process", _fake_tensorflow_export)
     out = str(tmp_path / "exported")
     cli.main(["export", "--preset", directory, "--beam-size", "1", out])
     os.makedirs(os.path.join(out, "assets.extra"))
@@ -232,24 +290,78 @@ def test_export_overwrite_keeps_the_users_files_and_says_disk_full(preset, monke
     cli.main(["export", "--preset", directory, "--beam-size", "2", "--overwrite", out])
     assert sorted(os.listdir(out)) == ["NOTES.md", "assets", "assets.extra", "fingerprint.pb", "saved_model.pb",
                                        "variables"]
-    assert tf.saved_model.load(out).signatures["serving_default"](tf.constant(["A dog."]))["translations"].shape == (1,)
+    assert os.path.exists(os.path.join(out, "assets.extra", "tf_serving_warmup_requests"))
+    if in_process:
+        import tensorflow as tf
 
-    def full(*args, **kwargs):
-        raise tf.errors.ResourceExhaustedError(None, None, "saved_model.pb; No space left on device")
+        translations = tf.saved_model.load(out).signatures["serving_default"](tf.constant(["A dog."]))
+        assert translations["translations"].shape == (1,)
 
-    monkeypatch.setattr(tf.saved_model, "save", full)
+        def full(*args, **kwargs):
+            raise tf.errors.ResourceExhaustedError(None, None, "saved_model.pb; No space left on device")
+
+        monkeypatch.setattr(tf.saved_model, "save", full)
+    else:
+        with open(os.path.join(out, "saved_model.pb")) as f:
+            assert f.read() == "beam 2"
+        # The subprocess's report of a full disk, as it writes it.
+        stderr = _child_report(monkeypatch, capsys, OSError(errno.ENOSPC, "No space left on device"))
+        monkeypatch.undo()  # the real subprocess call, and a subprocess that reports a full disk
+        monkeypatch.setattr(
+            export.subprocess, "run", lambda command, **kwargs: subprocess.CompletedProcess(command, 1, "", stderr)
+        )
     with pytest.raises(SystemExit, match="^error: no space left on the device while exporting the SavedModel"):
         cli.main(["export", "--preset", directory, "--overwrite", out])
     assert sorted(os.listdir(tmp_path)) == ["exported", "preset"]
     assert os.path.exists(os.path.join(out, "NOTES.md"))
 
 
+def test_export_subprocess_errors_are_raised_as_they_were(monkeypatch, capsys):
+    """A bad preset found in the export's TensorFlow subprocess is the same
+    error in the caller, not its traceback."""
+    from keras_transformer import export
+
+    for error in (PresetError("The weights in 'x/model.weights.h5' do not fit"), ValueError("bad setting"),
+                  OSError(errno.EACCES, "Permission denied")):
+        raised = export._subprocess_error("TensorFlow log line\n" + _child_report(monkeypatch, capsys, error))
+        assert str(raised) == str(error)
+        if isinstance(error, OSError):  # a full disk, a permission: errno says which
+            assert isinstance(raised, OSError) and raised.errno == error.errno
+        else:
+            assert type(raised) is type(error)
+    unexpected = export._subprocess_error("Traceback (most recent call last):\n  ...\nZeroDivisionError: x")
+    assert isinstance(unexpected, export.ExportError) and "ZeroDivisionError" in str(unexpected)
+
+
+@pytest.mark.skipif(keras.config.backend() != "torch", reason="the subprocess is the same from every backend")
+def test_export_of_a_bad_preset_from_another_backend_says_what_is_wrong(preset, capsys, tmp_path):
+    _, directory = preset
+
+    def one_layer(config):
+        for item in _dicts(config):
+            if "num_layers" in item:
+                item["num_layers"] = 1
+
+    for name in ("config.json", "task.json"):
+        _edit_json(directory, name, one_layer)
+    with pytest.raises(SystemExit) as raised:
+        cli.main(["export", "--preset", directory, str(tmp_path / "out")])
+    message = str(raised.value)
+    assert message.startswith("error: The weights in ") and "do not fit the model" in message
+    assert "Traceback" not in message and len(message.splitlines()) == 1
+    assert not os.path.exists(tmp_path / "out")
+
+
 # --- Training data ---
 
 
-def test_a_failed_train_leaves_no_directory(tmp_path):
+def test_a_failed_train_leaves_no_directory(multi30k_dir, tmp_path):
     with pytest.raises(SystemExit, match="error: Multi30k file train.en.gz is not in"):
         cli.main(["train", "--data-dir", str(tmp_path / "nowhere"), "--output-dir", str(tmp_path / "run")])
+    assert not os.path.exists(tmp_path / "run")
+    with pytest.raises(SystemExit, match="error: Unknown preset"):
+        cli.main(["train", "--data-dir", multi30k_dir, "--from-preset", str(tmp_path / "no-preset"),
+                  "--output-dir", str(tmp_path / "run")])
     assert not os.path.exists(tmp_path / "run")
 
 

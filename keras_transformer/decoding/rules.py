@@ -30,6 +30,18 @@ from keras import ops
 LENGTH_PENALTIES = ("gnmt", "length")
 
 
+def check_alpha(alpha):
+    """Refuses a length penalty exponent that is not a finite number >= 0.
+
+    >>> check_alpha(float("nan"))
+    Traceback (most recent call last):
+    ...
+    ValueError: alpha (the length penalty exponent) must be a finite number >= 0, got nan.
+    """
+    if isinstance(alpha, bool) or not isinstance(alpha, (int, float, np.number)) or not np.isfinite(alpha) or alpha < 0:
+        raise ValueError(f"alpha (the length penalty exponent) must be a finite number >= 0, got {alpha!r}.")
+
+
 def length_penalty(length, alpha, kind="gnmt", xp=np):
     """lp(Y): GNMT's ((5 + |Y|) / 6) ** alpha (Wu et al., 2016), or
     |Y| ** alpha for `"length"`, in float64.

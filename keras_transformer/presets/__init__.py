@@ -26,6 +26,7 @@ import os
 
 from keras_transformer.presets.checks import check
 from keras_transformer.presets.checks import check_loaded
+from keras_transformer.presets.checks import weights_do_not_fit
 from keras_transformer.presets.layout import ASSETS_DIR
 from keras_transformer.presets.layout import CHECKSUMS_KEY
 from keras_transformer.presets.layout import CONFIG_FILE
@@ -82,6 +83,9 @@ class PresetIO:
         except (TypeError, ValueError, KeyError) as error:
             if "://" in directory:
                 raise
+            if load_weights and _builds_without_weights(super(), directory, args, kwargs):
+                # Keras refuses weights of other shapes than the config's.
+                raise weights_do_not_fit(directory, f"{type(error).__name__}: {error}") from error
             # Keras' safe mode and deserialization refuse edited or crafted
             # configs with these: say which files, not a long traceback.
             raise PresetError(
@@ -116,6 +120,16 @@ class PresetIO:
             replaces = ()
         with saving(preset_dir, metadata, replaces) as directory:
             super().save_to_preset(directory, *args, **kwargs)
+
+
+def _builds_without_weights(loader, directory, args, kwargs):
+    """Whether the preset's config files alone build a model (so that a
+    failed load is the weights' fault)."""
+    try:
+        loader.from_preset(directory, *args, **{**kwargs, "load_weights": False})
+    except Exception:  # the config's own error is the one to report
+        return False
+    return True
 
 
 def _task_names(backbone_cls):

@@ -254,12 +254,20 @@ def check_loaded(directory, backbone):
     lacks without a word, so a config edited to fewer layers would load."""
     expected, found = len(backbone.weights), weights_count(directory)
     if found != expected:
-        raise PresetError(
-            f"The weights in {os.path.join(directory, WEIGHTS_FILE)!r} do not fit the model in "
-            f"{os.path.join(directory, CONFIG_FILE)!r}: they hold {found} variables, the model built from "
-            f"the config has {expected} (num_layers: {getattr(backbone, 'num_layers', '?')}). The config was "
-            "edited or belongs to another model: copy the preset again or save the model again."
+        raise weights_do_not_fit(
+            directory,
+            f"they hold {found} variables, the model built from the config has {expected} "
+            f"(num_layers: {getattr(backbone, 'num_layers', '?')})",
         )
+
+
+def weights_do_not_fit(directory, details):
+    """The error for weights that another model's config would read."""
+    return PresetError(
+        f"The weights in {os.path.join(directory, WEIGHTS_FILE)!r} do not fit the model in "
+        f"{os.path.join(directory, CONFIG_FILE)!r}: {details}. The config was edited or belongs "
+        "to another model: copy the preset again or save the model again."
+    )
 
 
 def _flatten(values):

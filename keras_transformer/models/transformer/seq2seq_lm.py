@@ -11,6 +11,7 @@ from keras import ops
 from keras_transformer.decoding.beam import beam_search
 from keras_transformer.decoding.interface import forget_decoding_functions
 from keras_transformer.decoding.rules import LENGTH_PENALTIES
+from keras_transformer.decoding.rules import check_alpha
 from keras_transformer.decoding.samplers import keras_hub_generate_step
 from keras_transformer.decoding.samplers import sample
 from keras_transformer.losses import LabelSmoothedCrossEntropy
@@ -304,12 +305,11 @@ class TransformerSeq2SeqLM(PresetIO, keras_hub.models.Seq2SeqLM):
             raise ValueError("keras-hub samplers give no scores or n-best lists; use sampler='beam'.")
         if batch_size < 1:
             raise ValueError(f"batch_size must be at least 1, got {batch_size}.")
+        check_alpha(alpha)
         if sampler == "greedy":
             if num_results > 1:
                 raise ValueError(f"Greedy decoding gives one result; num_results={num_results} needs sampler='beam'.")
             beam_size, alpha = 1, 0.0
-        if isinstance(alpha, bool) or not isinstance(alpha, (int, float, np.number)) or not np.isfinite(alpha) or alpha < 0:
-            raise ValueError(f"alpha (the length penalty exponent) must be a finite number >= 0, got {alpha!r}.")
         if length_penalty not in LENGTH_PENALTIES:
             raise ValueError(f"Unknown length_penalty {length_penalty!r}; expected one of {LENGTH_PENALTIES}.")
         if num_results > beam_size:
