@@ -15,9 +15,9 @@ from keras_transformer.models import PAPER_CONFIGS
 from keras_transformer.models import PAPER_TABLE3
 from keras_transformer.models import PAPER_VOCABULARY_SIZE
 from keras_transformer.models import TransformerBackbone
-from keras_transformer.utils.torch_interop import copy_torch_transformer_weights
 
 from helpers import to_numpy
+from torch_interop import copy_torch_transformer_weights
 
 SMALL = dict(vocabulary_size=50, num_layers=2, d_model=32, d_ff=64, num_heads=4)
 
