@@ -41,9 +41,14 @@ def marian_vocabulary(source_proto, target_proto, language_tokens=(">>de<<",)):
     return {piece: i for i, piece in enumerate(pieces)}
 
 
-def save_tiny_marian(directory, sources, targets, seed=0, calibration_texts=(), max_new_tokens=40, **config_overrides):
-    """Writes a tiny random Marian model and tokenizer into `directory`
-    with transformers' `save_pretrained`; returns `(model, tokenizer)`.
+def save_tiny_marian(directory, sources, targets, seed=0, calibration_texts=(), max_new_tokens=40, train_steps=200,
+                     **config_overrides):
+    """Writes a tiny Marian model and tokenizer into `directory` with
+    transformers' `save_pretrained`; returns `(model, tokenizer)`.
+
+    The model is trained for `train_steps` steps on the pairs, so that it
+    decodes varied tokens (a random one repeats one token), with peaked
+    next-token distributions that do not hinge on float rounding.
 
     With `calibration_texts`, the logits bias of `</s>` is raised until
     greedy decoding ends some of them within `max_new_tokens` and not all:
@@ -76,24 +81,37 @@ def save_tiny_marian(directory, sources, targets, seed=0, calibration_texts=(), 
     )
     config.update(config_overrides)
     torch.manual_seed(seed)
-    model = MarianMTModel(MarianConfig(**config)).eval()
+    model = MarianMTModel(MarianConfig(**config))
+    if train_steps:
+        _train(model, tokenizer, sources, targets, train_steps)
+    model.eval()
     generator = np.random.default_rng(seed)
     with torch.no_grad():
         model.final_logits_bias.copy_(torch.tensor(generator.normal(0, 0.5, model.final_logits_bias.shape)))
         for name, parameter in model.named_parameters():
             if "layer_norm" in name:
                 parameter.copy_(parameter + torch.tensor(generator.normal(0, 0.2, parameter.shape)))
-        # Larger weights than transformers' init: peaked next-token
-        # distributions, so that decodings do not hinge on float rounding.
-        model.model.shared.weight.mul_(4.0)
-        for name, parameter in model.named_parameters():
-            if parameter.ndim == 2 and "shared" not in name and "embed_positions" not in name:
-                parameter.mul_(3.0)
     if calibration_texts:
         _calibrate_end(model, tokenizer, calibration_texts, max_new_tokens)
     model.save_pretrained(directory)
     tokenizer.save_pretrained(directory)
     return model, tokenizer
+
+
+def _train(model, tokenizer, sources, targets, steps, batch_size=32):
+    import torch
+
+    batch = tokenizer(list(sources), text_target=list(targets), padding=True, truncation=True, max_length=40,
+                      return_tensors="pt")
+    model.train()
+    optimizer = torch.optim.Adam(model.parameters(), lr=3e-3)
+    generator = np.random.default_rng(0)
+    for _ in range(steps):
+        rows = torch.tensor(generator.choice(len(sources), batch_size, replace=False))
+        loss = model(**{name: value[rows] for name, value in batch.items()}).loss
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
 
 
 def _calibrate_end(model, tokenizer, texts, max_new_tokens):

@@ -114,6 +114,9 @@ def test_greedy_and_beam_search_match_transformers(ours, hf):
         )
         ended += len(ours_greedy) < budget
     assert 0 < ended < len(TEXTS), [len(g) for g in greedy]  # outputs that end, and outputs cut at the limit
+    # Varied outputs (the fixture is trained a little), not one token repeated.
+    assert sum(len(set(ids)) >= 5 for ids in greedy + beam) >= len(TEXTS), (greedy, beam)
+    assert len({tuple(ids) for ids in greedy}) == len(TEXTS)
     strings = ours.generate(TEXTS, sampler="greedy", max_length_offset=offset)
     assert strings == tokenizer.batch_decode(greedy, skip_special_tokens=True)
 
@@ -129,10 +132,12 @@ def _mask(sources):
     return (np.arange(max(map(len, sources)))[None, :] < np.array([[len(s)] for s in sources])).astype("int32")
 
 
-def test_convert_fine_tune_save_and_load(ours, marian_dir, tmp_path):
+def test_convert_fine_tune_save_and_load(ours, marian_dir, tmp_path, capsys):
     from keras_transformer.cli import main
+    from keras_transformer.models import MarianTokenizer
     from keras_transformer.models import TransformerBackbone
     from keras_transformer.models import TransformerSeq2SeqLM
+    from keras_transformer.models import TransformerTokenizer
 
     preset = str(tmp_path / "preset")
     main(["convert", marian_dir, preset])
@@ -140,6 +145,11 @@ def test_convert_fine_tune_save_and_load(ours, marian_dir, tmp_path):
     assert converted.generate(TEXTS[:3], sampler="greedy") == ours.generate(TEXTS[:3], sampler="greedy")
     backbone = TransformerBackbone.from_preset(marian_dir)
     assert backbone.activation == "silu" and backbone.output_bias
+    tokenizer = TransformerTokenizer.from_preset(marian_dir)
+    assert isinstance(tokenizer, MarianTokenizer) and tokenizer.vocabulary_size() == backbone.vocabulary_size
+    capsys.readouterr()
+    main(["translate", "--preset", marian_dir, "--beam-size", "1", *TEXTS[:3]])
+    assert capsys.readouterr().out.splitlines() == ours.generate(TEXTS[:3], sampler="greedy")
 
     # Marian framing: sources end with </s> and have no start token; the
     # decoder starts from the padding id; targets use target.spm.
@@ -193,16 +203,49 @@ def test_unsupported_marian_models_are_refused(marian_dir, tmp_path):
         TransformerSeq2SeqLM.from_preset(variant("bpe", lambda d: os.remove(os.path.join(d, "source.spm"))))
 
 
-def test_hub_handle_offline_says_how_to_work_offline(monkeypatch, tmp_path):
+def test_hub_handle_without_network_says_how_to_work_offline(monkeypatch, tmp_path):
+    import socket
+
     huggingface_hub = pytest.importorskip("huggingface_hub")
     from keras_transformer.models import TransformerSeq2SeqLM
 
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    def refused(*args, **kwargs):
+        raise ConnectionRefusedError(111, "Connection refused")
+
     monkeypatch.setenv("HF_HOME", str(tmp_path))
-    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
-    with pytest.raises(PresetError, match="download the model once"):
+    monkeypatch.setattr(socket.socket, "connect", refused)
+    monkeypatch.setattr(socket, "create_connection", refused)
+    monkeypatch.setattr(huggingface_hub.utils._http.time, "sleep", lambda seconds: None)  # its retries
+    with pytest.raises(PresetError, match="could not be reached.*download the model once") as raised:
         TransformerSeq2SeqLM.from_preset("hf://Helsinki-NLP/opus-mt-en-de")
+    assert "doesn't exist" not in str(raised.value)
+
+
+def test_hub_handle_loads_pytorch_weights_when_it_has_no_safetensors(marian_dir, ours, monkeypatch, tmp_path):
+    """A hub repository with `pytorch_model.bin` only (many opus-mt ones):
+    the hub's "no such file" for model.safetensors means "try the other"."""
+    huggingface_hub = pytest.importorskip("huggingface_hub")
+    from safetensors.torch import load_file
+
+    from keras_transformer.models import TransformerSeq2SeqLM
+
+    repository = tmp_path / "repository"
+    shutil.copytree(marian_dir, repository)
+    torch.save(load_file(repository / "model.safetensors"), repository / "pytorch_model.bin")
+    os.remove(repository / "model.safetensors")
+    asked = []
+
+    def download(repo_id, filename, **kwargs):
+        asked.append(filename)
+        if not (repository / filename).exists():
+            raise huggingface_hub.errors.EntryNotFoundError(f"404: {filename} is not in {repo_id}")
+        return str(repository / filename)
+
+    monkeypatch.setattr(huggingface_hub, "hf_hub_download", download)
+    loaded = TransformerSeq2SeqLM.from_preset("hf://someone/tiny-marian")
+    assert "model.safetensors" in asked and "pytorch_model.bin" in asked
+    assert loaded.generate(TEXTS[:3], sampler="greedy") == ours.generate(TEXTS[:3], sampler="greedy")
 
 
 def test_export_marian_of_the_shipped_preset_translates_as_this_package(multi30k_dir, tmp_path):

@@ -70,15 +70,39 @@ def _fetch(preset, name, required=True):
         if not required and _is_missing_file(error):
             return None
         repo = preset.split("://", 1)[1]
-        raise PresetError(
-            f"Could not fetch {name} of {preset!r}: {type(error).__name__}: {error}. "
-            + OFFLINE_HELP.format(repo=repo)
-        ) from error
+        if _is_missing_file(error):
+            reason = f"the hub has no {name} for {repo!r} (is the handle right?)"
+        else:
+            reason = f"the Hugging Face hub could not be reached or refused it ({_root_cause(error)})"
+        raise PresetError(f"Could not fetch {name} of {preset!r}: {reason}. " + OFFLINE_HELP.format(repo=repo)) from error
+
+
+def _causes(error):
+    seen = set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        yield error
+        error = error.__cause__ or error.__context__
 
 
 def _is_missing_file(error):
-    text = f"{type(error).__name__} {error}"
-    return any(word in text for word in ("EntryNotFound", "404", "does not exist", "not found"))
+    """Whether the hub answered that the file does not exist, as opposed to
+    not being reached: huggingface_hub raises `LocalEntryNotFoundError`
+    (offline, file not cached) and `RemoteEntryNotFoundError` (the hub
+    says 404), both `EntryNotFoundError`s, and keras-hub turns either into
+    a `FileNotFoundError`."""
+    for cause in _causes(error):
+        names = {cls.__name__ for cls in type(cause).__mro__}
+        if "LocalEntryNotFoundError" in names:
+            return False
+        if "EntryNotFoundError" in names:
+            return True
+    return False
+
+
+def _root_cause(error):
+    root = list(_causes(error))[-1]
+    return f"{type(root).__name__}: {root}"
 
 
 def read_config(preset):
