@@ -86,6 +86,10 @@ class TrainConfig:
         None, "eps_ls (default: the config's Table 3 value: 0.0 for D3, 0.2 for D4, else 0.1)", fixed=True,
         type=arguments.probability,
     )
+    dtype: str = setting(
+        "float32", "compute precision: mixed_bfloat16 runs the matrix products in bfloat16 with float32 weights, "
+        "softmax, LayerNorm and loss; checkpoints and the saved model stay float32", choices=["float32", "mixed_bfloat16"],
+    )
     max_sequence_length: int = setting(256, "the model's longest sequence", cli=False)
     keep_checkpoints: int = setting(5, "checkpoints averaged at the end", type=arguments.positive_int)
     bleu_sentences: int = setting(200, "val sentences for BLEU each epoch", type=arguments.non_negative_int)

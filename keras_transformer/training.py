@@ -363,9 +363,11 @@ def _build_model(config, tokenizer, scratch_backbone, overrides, strategy):
     recipe, its step at the run's first step."""
     with strategy.scope() if strategy else contextlib.nullcontext():
         if config.initial_preset:
-            backbone = TransformerBackbone.from_preset(config.initial_preset, **overrides)
+            backbone = TransformerBackbone.from_preset(config.initial_preset, dtype=config.dtype, **overrides)
         else:
-            backbone = TransformerBackbone(vocabulary_size=tokenizer.vocabulary_size(), **scratch_backbone)
+            backbone = TransformerBackbone(
+                vocabulary_size=tokenizer.vocabulary_size(), dtype=config.dtype, **scratch_backbone
+            )
         preprocessor = TransformerSeq2SeqLMPreprocessor(
             tokenizer,
             encoder_sequence_length=config.max_sequence_length,
@@ -400,6 +402,7 @@ def _run_record(config, model, scratch_backbone, initial_training, train_batches
         "keep_checkpoints": config.keep_checkpoints,
         "padding_fraction": round(train_batches.padding_fraction(), 4),
         "backend": keras.config.backend(),
+        "dtype": config.dtype,
     }
 
 
@@ -421,15 +424,27 @@ def _save_averaged_model(model, output_dir, config, run_info):
     checkpoints = list_checkpoints(os.path.join(output_dir, "checkpoints"))
     if len(checkpoints) > 1:
         average_checkpoints(model, checkpoints)
-    model.save_to_preset(
+    steps = int(keras.ops.convert_to_numpy(model.optimizer.iterations))
+    _computing_in_float32(model).save_to_preset(
         os.path.join(output_dir, "model"),
         metadata={
             "languages": {"source": config.source, "target": config.target},
             "data": run_info["data"],
             "training": {
                 **run_info,
-                "steps": int(keras.ops.convert_to_numpy(model.optimizer.iterations)),
+                "steps": steps,
                 "averaged_checkpoints": len(checkpoints),
             },
         },
     )
+
+
+def _computing_in_float32(model):
+    """`model`, or after mixed-precision training the same weights (float32
+    already) in a model that computes in float32: a saved preset loads in
+    float32 unless `from_preset(dtype=...)` asks for another precision."""
+    if model.backbone.dtype_policy.name == "float32":
+        return model
+    backbone = TransformerBackbone.from_config({**model.backbone.get_config(), "dtype": "float32"})
+    backbone.set_weights(model.backbone.get_weights())
+    return TransformerSeq2SeqLM(backbone, model.preprocessor)

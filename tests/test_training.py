@@ -310,6 +310,30 @@ def test_a_run_keeps_its_first_step_when_trained_longer(tmp_path, multi30k_dir):
         train_multi30k(run, data_dir=multi30k_dir, initial_step=5, **{**settings, "epochs": 3})
 
 
+def test_mixed_bfloat16_training_computes_in_bfloat16_and_saves_float32(tmp_path, multi30k_dir):
+    run, settings = str(tmp_path / "run"), {**RUN, "epochs": 1, "limit": 64, "bleu_sentences": 0}
+    model, history = train_multi30k(run, data_dir=multi30k_dir, dtype="mixed_bfloat16", **settings)
+    assert np.isfinite(history.history["loss"][0]) and np.isfinite(history.history["val_loss"][0])
+    assert model.backbone.compute_dtype == "bfloat16"
+    assert {v.dtype for v in model.backbone.weights if "seed_generator" not in v.path} == {"float32"}
+    batch = model.preprocessor({"encoder_text": ["A dog."], "decoder_text": ["Ein Hund."]})[0]
+    hidden_states = model.backbone(batch)["decoder_sequence_output"]
+    assert keras.backend.standardize_dtype(hidden_states.dtype) == "bfloat16"
+    assert _read_json(os.path.join(run, "model", "metadata.json"))["training"]["dtype"] == "mixed_bfloat16"
+    # The checkpoints and the saved model: float32 weights, float32 compute.
+    import h5py
+
+    for path in (os.path.join(run, "model", "model.weights.h5"), *list_checkpoints(os.path.join(run, "checkpoints"))):
+        with h5py.File(path, "r") as f:
+            dtypes = set()
+            f.visititems(lambda name, item: dtypes.add(str(item.dtype)) if isinstance(item, h5py.Dataset) else None)
+        assert "float32" in dtypes and not dtypes & {"bfloat16", "float16"}, (path, dtypes)
+    saved = TransformerSeq2SeqLM.from_preset(os.path.join(run, "model"))
+    assert saved.backbone.compute_dtype == "float32"
+    weights = zip(saved.backbone.get_weights(), model.backbone.get_weights())
+    assert all(np.array_equal(a, b) for a, b in weights)
+
+
 def test_a_run_from_a_preset_refuses_what_it_cannot_do(tmp_path, multi30k_dir):
     from keras_transformer.training import _preset_steps
 
@@ -401,7 +425,8 @@ def test_cli_train_passes_overrides_and_says_what_it_saved(tmp_path, monkeypatch
 
     monkeypatch.setattr(keras_transformer.training, "train_multi30k", fake_train)
     cli.main(["train", "--output-dir", str(tmp_path / "run"), "--config", "small", "--dropout", "0.3",
-              "--d-model", "128"])
+              "--d-model", "128", "--dtype", "mixed_bfloat16"])
     assert calls[0]["config"] == "small" and calls[0]["dropout"] == 0.3 and calls[0]["d_model"] == 128
+    assert calls[0]["dtype"] == "mixed_bfloat16"
     assert "num_layers" not in calls[0]  # not given: the config's own
     assert f"{said} {os.path.join(str(tmp_path / 'run'), 'model')}" in capsys.readouterr().out
