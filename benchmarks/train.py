@@ -1,23 +1,30 @@
 """Training throughput on real Multi30k batches, every backend, one run.
 
     python benchmarks/train.py --data-dir PATH/TO/multi30k [--steps 20]
+        [--model small|base] [--dtype float32,mixed_bfloat16]
 
 For each Keras backend (each in its own process) it times training steps of
-a 3+3-layer, d_model 256, d_ff 1024, 4-head model with an 8,000-token shared
+a 3+3-layer, d_model 256, d_ff 1024, 4-head model (`--model small`; `base`:
+6+6 layers, d_model 512, d_ff 2048, 8 heads) with an 8,000-token shared
 vocabulary:
 
 - `keras_transformer`: this package, on token-budget batches grouped by
-  length (4,096 tokens a side);
+  length (4,096 tokens a side), in each `--dtype` (`mixed_bfloat16`: the
+  matrix products in bfloat16, weights, softmax, LayerNorm and loss in
+  float32);
 - `keras-hub fixed`: the same-size model built from keras-hub's
   `TokenAndPositionEmbedding`, `TransformerEncoder` and `TransformerDecoder`,
   fed as keras.io's translation example does: 64 sentences a batch, padded
   to a fixed 40 tokens;
 
 and, as a third peer, PyTorch's `torch.nn.Transformer` of the same size on
-the token-budget batches. The figure of merit is real (non-padding) target
-tokens per second. Model FLOP/s count the matrix multiplications of the
-padded batch (forward and backward: 3x forward) and are shown as a fraction
-of a NumPy float32 matmul timed in the same run.
+the token-budget batches (in float32, and in bfloat16 under
+`torch.autocast` for mixed precision). The figure of merit is real
+(non-padding) target tokens per second. Model FLOP/s count the matrix
+multiplications of the padded batch (forward and backward: 3x forward) and
+are shown as a fraction of a matmul of the same precision timed in the same
+run (NumPy float32, PyTorch float32 and bfloat16), with the processor's
+name and whether it has AMX (bfloat16 matrix tiles).
 
 Each timing runs the same batches twice: the first pass compiles (JAX, XLA
 and TensorFlow compile once per batch shape), the second is timed.
@@ -26,13 +33,18 @@ and TensorFlow compile once per batch shape), the second is timed.
 import argparse
 import json
 import os
+import platform
 import subprocess
 import sys
 import time
 
 import numpy as np
 
-CONFIG = dict(num_layers=3, d_model=256, d_ff=1024, num_heads=4, vocabulary_size=8000)
+MODELS = {
+    "small": dict(num_layers=3, d_model=256, d_ff=1024, num_heads=4, vocabulary_size=8000),
+    "base": dict(num_layers=6, d_model=512, d_ff=2048, num_heads=8, vocabulary_size=8000),
+}
+CONFIG = dict(MODELS["small"])  # the --model chosen (set in main)
 FIXED_LENGTH, FIXED_BATCH = 40, 64
 
 
@@ -44,6 +56,34 @@ def numpy_matmul_flops(size=2048, repeats=5):
     for _ in range(repeats):
         a @ b
     return 2 * size**3 * repeats / (time.perf_counter() - start)
+
+
+def torch_matmul_flops(dtype, size=2048, repeats=5):
+    """A PyTorch matmul's FLOP/s in `dtype` ("float32" or "bfloat16")."""
+    import torch
+
+    a = torch.rand(size, size, dtype=getattr(torch, dtype))
+    b = torch.rand(size, size, dtype=getattr(torch, dtype))
+    a @ b
+    start = time.perf_counter()
+    for _ in range(repeats):
+        a @ b
+    return 2 * size**3 * repeats / (time.perf_counter() - start)
+
+
+def processor():
+    """The CPU's model name and whether it has AMX (bfloat16 tiles)."""
+    name, flags = platform.processor() or platform.machine(), ""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name") and name in (platform.processor(), platform.machine()):
+                    name = line.split(":", 1)[1].strip()
+                if line.startswith("flags"):
+                    flags = line
+    except OSError:
+        pass
+    return f"{name}, {os.cpu_count()} cores, {'AMX' if 'amx_bf16' in flags else 'no AMX'}"
 
 
 def step_flops(batch_size, source_length, target_length, config=CONFIG):
@@ -100,7 +140,7 @@ def time_passes(run_step, batches, flops_of):
     return {"tokens_per_second": tokens / seconds, "flops_per_second": flops / seconds, "seconds": seconds}
 
 
-def worker_keras(data_dir, steps):
+def worker_keras(data_dir, steps, dtypes, with_keras_hub):
     import keras
     import keras_hub
 
@@ -109,24 +149,28 @@ def worker_keras(data_dir, steps):
 
     sources, targets, tokenizer = load_data(data_dir, 20000)
     results = {"backend": keras.config.backend()}
-
-    backbone = TransformerBackbone(
-        **{k: v for k, v in CONFIG.items()}, dropout=0.1, max_sequence_length=256
-    )
-    model = TransformerSeq2SeqLM(backbone)
-    model.compile(warmup_steps=4000)
     batches, padding = budget_batches(sources, targets, tokenizer, steps)
-
-    def ours(batch):
-        x, y, w = batch
-        model.train_on_batch(x, y, sample_weight=w)
-        return int(w.sum())
 
     def ours_flops(batch):
         x, y, _ = batch
         return step_flops(len(y), x["encoder_token_ids"].shape[1], y.shape[1])
 
-    results["keras_transformer"] = {**time_passes(ours, batches, ours_flops), "padding": padding}
+    for dtype in dtypes:
+        keras.utils.set_random_seed(0)
+        backbone = TransformerBackbone(**CONFIG, dropout=0.1, max_sequence_length=256, dtype=dtype)
+        model = TransformerSeq2SeqLM(backbone)
+        model.compile(warmup_steps=4000)
+
+        def ours(batch, model=model):
+            x, y, w = batch
+            model.train_on_batch(x, y, sample_weight=w)
+            return int(w.sum())
+
+        results[f"keras_transformer {dtype}"] = {**time_passes(ours, batches, ours_flops), "padding": padding}
+        print(f"{keras.config.backend()} {dtype} done", file=sys.stderr, flush=True)
+    if not with_keras_hub:
+        print(json.dumps(results))
+        return
 
     # The keras.io translation example's model, same sizes.
     d, n = CONFIG["d_model"], CONFIG["num_layers"]
@@ -151,14 +195,14 @@ def worker_keras(data_dir, steps):
         peer.train_on_batch([enc, dec], labels)
         return int((labels != 0).sum())
 
-    results["keras_hub_fixed"] = {
+    results["keras_hub_fixed float32"] = {
         **time_passes(keras_hub_step, fixed, lambda b: step_flops(FIXED_BATCH, FIXED_LENGTH, FIXED_LENGTH)),
         "padding": float(1 - sum(((b[0] != 0).sum() + (b[1] != 0).sum()) for b in fixed) / (len(fixed) * 2 * FIXED_BATCH * FIXED_LENGTH)),
     }
     print(json.dumps(results))
 
 
-def worker_torch(data_dir, steps):
+def worker_torch(data_dir, steps, dtypes):
     import torch
 
     torch.manual_seed(0)
@@ -184,32 +228,42 @@ def worker_torch(data_dir, steps):
             )
             return hidden @ self.embedding.weight.T
 
-    model = Model()
-    optimizer = torch.optim.Adam(model.parameters(), lr=1e-4, betas=(0.9, 0.98), eps=1e-9)
-    loss_fn = torch.nn.CrossEntropyLoss(ignore_index=0, label_smoothing=0.1)
-
-    def step(batch):
-        x, y, w = batch
-        enc = torch.from_numpy(x["encoder_token_ids"]).long()
-        dec = torch.from_numpy(x["decoder_token_ids"]).long()
-        labels = torch.from_numpy(y).long()
-        optimizer.zero_grad()
-        logits = model(enc, dec)
-        loss = loss_fn(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1))
-        loss.backward()
-        optimizer.step()
-        return int(w.sum())
-
     def flops(batch):
         x, y, _ = batch
         return step_flops(len(y), x["encoder_token_ids"].shape[1], y.shape[1])
 
-    print(json.dumps({"backend": "torch.nn.Transformer", "torch": {**time_passes(step, batches, flops), "padding": padding}}))
+    results = {"backend": "torch"}
+    for dtype in dtypes:
+        torch.manual_seed(0)
+        model = Model()
+        optimizer = torch.optim.Adam(model.parameters(), lr=1e-4, betas=(0.9, 0.98), eps=1e-9)
+        loss_fn = torch.nn.CrossEntropyLoss(ignore_index=0, label_smoothing=0.1)
+        # Mixed precision as PyTorch does it: float32 weights, bfloat16 autocast.
+        autocast = dict(device_type="cpu", dtype=torch.bfloat16, enabled=dtype == "mixed_bfloat16")
+
+        def step(batch, model=model, optimizer=optimizer, loss_fn=loss_fn, autocast=autocast):
+            x, y, w = batch
+            enc = torch.from_numpy(x["encoder_token_ids"]).long()
+            dec = torch.from_numpy(x["decoder_token_ids"]).long()
+            labels = torch.from_numpy(y).long()
+            optimizer.zero_grad()
+            with torch.autocast(**autocast):
+                logits = model(enc, dec)
+            loss = loss_fn(logits.float().reshape(-1, logits.shape[-1]), labels.reshape(-1))
+            loss.backward()
+            optimizer.step()
+            return int(w.sum())
+
+        results[f"torch.nn.Transformer {dtype}"] = {**time_passes(step, batches, flops), "padding": padding}
+    print(json.dumps(results))
 
 
-def run_worker(kind, backend, args):
+def run_worker(kind, backend, args, with_keras_hub=True):
     env = {**os.environ, "KERAS_BACKEND": backend, "TF_CPP_MIN_LOG_LEVEL": "3"}
-    command = [sys.executable, __file__, "--worker", kind, "--data-dir", args.data_dir, "--steps", str(args.steps)]
+    command = [
+        sys.executable, __file__, "--worker", kind, "--data-dir", args.data_dir, "--steps", str(args.steps),
+        "--model", args.model, "--dtype", args.dtype, *([] if with_keras_hub else ["--no-keras-hub"]),
+    ]
     output = subprocess.run(command, env=env, check=True, capture_output=True, text=True).stdout
     return json.loads(output.strip().splitlines()[-1])
 
@@ -219,31 +273,55 @@ def main():
     parser.add_argument("--data-dir", default=os.environ.get("KERAS_TRANSFORMER_MULTI30K"))
     parser.add_argument("--steps", type=int, default=20, help="batches per timed pass")
     parser.add_argument("--backends", default="jax,tensorflow,torch")
+    parser.add_argument("--model", choices=sorted(MODELS), default="small", help="small: 3+3 layers, d_model 256; base: 6+6, 512")
+    parser.add_argument("--dtype", default="float32,mixed_bfloat16", help="comma-separated: float32, mixed_bfloat16")
+    parser.add_argument("--no-keras-hub", action="store_true", help="skip the keras-hub fixed-padding peer")
     parser.add_argument("--worker", choices=["keras", "torch"], help=argparse.SUPPRESS)
     args = parser.parse_args()
+    CONFIG.clear()
+    CONFIG.update(MODELS[args.model])
+    dtypes = args.dtype.split(",")
     if args.worker == "keras":
-        return worker_keras(args.data_dir, args.steps)
+        return worker_keras(args.data_dir, args.steps, dtypes, not args.no_keras_hub)
     if args.worker == "torch":
-        return worker_torch(args.data_dir, args.steps)
+        return worker_torch(args.data_dir, args.steps, dtypes)
 
-    matmul = numpy_matmul_flops()
-    rows = []  # (model, backend, result)
+    matmul = {"float32": numpy_matmul_flops()}
+    try:
+        torch_rates = {dtype: torch_matmul_flops(dtype) for dtype in ("float32", "bfloat16")}
+    except ImportError:
+        torch_rates = {}
+    # Each row's FLOP/s against the matmul of its precision: NumPy's for
+    # float32 (as before), PyTorch's bfloat16 for mixed precision.
+    matmul["mixed_bfloat16"] = torch_rates.get("bfloat16")
+    rows = []  # (model, dtype, backend, result)
     for backend in args.backends.split(","):
         print(f"timing {backend} ...", file=sys.stderr)
-        result = run_worker("keras", backend, args)
-        rows += [(name, backend, result[name]) for name in ("keras_transformer", "keras_hub_fixed")]
+        result = run_worker("keras", backend, args, not args.no_keras_hub)
+        rows += [(*name.split(" "), backend, value) for name, value in result.items() if name != "backend"]
     print("timing torch.nn.Transformer ...", file=sys.stderr)
-    rows.append(("torch.nn.Transformer", "torch", run_worker("torch", "torch", args)["torch"]))
+    result = run_worker("torch", "torch", args)
+    rows += [(*name.split(" "), "torch", value) for name, value in result.items() if name != "backend"]
 
-    fixed = {backend: r["tokens_per_second"] for name, backend, r in rows if name == "keras_hub_fixed"}
-    print(f"\nNumPy float32 matmul: {matmul / 1e9:.0f} GFLOP/s\n")
-    print("| model (backend) | target tokens/s | padding | model GFLOP/s | of matmul | vs keras-hub fixed |")
-    print("| --- | ---: | ---: | ---: | ---: | ---: |")
-    for name, backend, r in rows:
-        ratio = f"{r['tokens_per_second'] / fixed[backend]:.2f}x" if backend in fixed else ""
+    config = MODELS[args.model]
+    print(f"\nModel: {config['num_layers']}+{config['num_layers']} layers, d_model {config['d_model']}, "
+          f"d_ff {config['d_ff']}, {config['num_heads']} heads, vocabulary {config['vocabulary_size']:,}")
+    print(f"Processor: {processor()}")
+    print(f"Matmul 2048x2048: NumPy float32 {matmul['float32'] / 1e9:.0f} GFLOP/s"
+          + "".join(f", PyTorch {dtype} {rate / 1e9:.0f} GFLOP/s" for dtype, rate in torch_rates.items()) + "\n")
+    print("| model (backend) | dtype | target tokens/s | vs float32 | padding | model GFLOP/s | of matmul | vs keras-hub fixed |")
+    print("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |")
+    speed = {(name, dtype, backend): r["tokens_per_second"] for name, dtype, backend, r in rows}
+    for name, dtype, backend, r in rows:
+        tokens = r["tokens_per_second"]
+        versus_float32 = f"{tokens / speed[name, 'float32', backend]:.2f}x" if (name, "float32", backend) in speed else ""
+        fixed = speed.get(("keras_hub_fixed", "float32", backend))
+        versus_fixed = f"{tokens / fixed:.2f}x" if fixed and name != "keras_hub_fixed" else ""
+        rate = matmul.get(dtype)
+        of_matmul = f"{r['flops_per_second'] / rate:.0%}" if rate else ""
         print(
-            f"| {name} ({backend}) | {r['tokens_per_second']:,.0f} | {r['padding']:.1%} "
-            f"| {r['flops_per_second'] / 1e9:.0f} | {r['flops_per_second'] / matmul:.0%} | {ratio} |"
+            f"| {name} ({backend}) | {dtype} | {tokens:,.0f} | {versus_float32} | {r['padding']:.1%} "
+            f"| {r['flops_per_second'] / 1e9:.0f} | {of_matmul} | {versus_fixed} |"
         )
 
 
