@@ -90,7 +90,8 @@ def test_cache_gives_the_same_output_as_full_attention():
     layer = MultiHeadAttention(num_heads=2, key_dim=8, value_dim=6)
     x = np.random.normal(size=(2, 5, 16)).astype("float32")
     full = to_numpy(layer(x, x, use_causal_mask=True))
-    cache = (np.zeros((2, 5, 2, 8), "float32"), np.zeros((2, 5, 2, 6), "float32"))
+    cache = layer.empty_cache(2, 5)  # (batch, heads, positions, d_k | d_v)
+    assert tuple(cache[0].shape) == (2, 2, 5, 8) and tuple(cache[1].shape) == (2, 2, 5, 6)
     steps = []
     for t in range(5):
         out, cache = layer(

@@ -111,6 +111,28 @@ def closed_form_parameters(vocabulary, num_layers, d_model, d_ff, num_heads, key
     return vocabulary * d + num_layers * (encoder_layer + decoder_layer) + positions
 
 
+def test_dropout_is_active_in_training_only():
+    """Residual and embedding dropout (section 5.4) in the functional model:
+    active with training=True, as in `fit`; inference is deterministic
+    (no Dropout layer call at all inside the layers)."""
+    backbone = TransformerBackbone(**SMALL, dropout=0.5)
+    # Only the layers' residual dropout left: the one the layers skip in
+    # inference, which must still act in the functional model's training.
+    backbone.encoder_embeddings_dropout.rate = backbone.decoder_embeddings_dropout.rate = 0.0
+    inputs = small_inputs()
+    inference = to_numpy(backbone(inputs)["decoder_sequence_output"])
+    np.testing.assert_array_equal(inference, to_numpy(backbone(inputs, training=False)["decoder_sequence_output"]))
+    trained = to_numpy(backbone(inputs, training=True)["decoder_sequence_output"])
+    assert not np.allclose(trained, inference)
+    # Without dropout the training pass is the inference pass: the
+    # difference above is dropout's, not another code path's.
+    quiet = TransformerBackbone(**SMALL, dropout=0.0)
+    np.testing.assert_allclose(
+        to_numpy(quiet(inputs, training=True)["decoder_sequence_output"]),
+        to_numpy(quiet(inputs)["decoder_sequence_output"]), atol=1e-6,
+    )
+
+
 @pytest.mark.parametrize("name", [n for n, row in PAPER_TABLE3.items() if row["params_millions"]])
 def test_parameter_counts_match_table_3(name):
     backbone = TransformerBackbone(vocabulary_size=PAPER_VOCABULARY_SIZE, **PAPER_CONFIGS[name])

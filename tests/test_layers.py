@@ -111,7 +111,7 @@ def test_decoder_layer_cache_equals_full_pass():
     memory = np.random.normal(size=(2, 3, 8)).astype("float32")
     memory_mask = np.array([[1, 1, 0], [1, 1, 1]], bool)
     full = to_numpy(layer(target, memory, encoder_padding_mask=memory_mask))
-    cache = (np.zeros((2, 5, 2, 4), "float32"), np.zeros((2, 5, 2, 6), "float32"))
+    cache = layer.self_attention.empty_cache(2, 5)
     cross = layer.cross_attention.project_key_value(memory)
     steps = []
     for t in range(5):

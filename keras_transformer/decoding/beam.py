@@ -59,11 +59,12 @@ def pad_sources(sources, pad_id, max_length=None):
 
 
 def _grow_self_attention_cache(cache, length):
-    """Zero-pads every self-attention key/value cache to `length` positions."""
+    """Zero-pads every self-attention key/value cache, `(batch, heads,
+    positions, d)`, to `length` positions."""
 
     def grow(x):
         padding = [(0, 0)] * len(ops.shape(x))
-        padding[1] = (0, length - ops.shape(x)[1])
+        padding[2] = (0, length - ops.shape(x)[2])
         return ops.pad(x, padding)
 
     return [((grow(keys), grow(values)), cross) for (keys, values), cross in cache]

@@ -47,7 +47,7 @@ class Seq2SeqDecodingModel(Protocol):
 
     def empty_self_attention_cache(self, batch_size, max_length):
         """Per decoder layer, zeroed self-attention `(keys, values)` of
-        `max_length` positions, `(batch, positions, ...)`."""
+        `max_length` positions, `(batch, heads, positions, ...)`."""
 
     def call_decoder_with_cache(self, token_ids, index, cache, encoder_padding_mask):
         """One cached step: `token_ids` `(batch, 1)` at position `index`,

@@ -15,6 +15,17 @@ import numpy as np
 from keras import ops
 
 
+# Caches hold keys and values head-major, `(batch, heads, positions, d)`:
+# the layout in which attention kernels read them (PyTorch's fused kernel
+# would otherwise copy the whole cache at every decoding step), and in which
+# a position is written with one slice update.
+def _head_major(x):
+    return ops.transpose(x, (0, 2, 1, 3))
+
+
+_token_major = _head_major  # the same swap of the positions and heads axes
+
+
 def _mask_value(dtype):
     # The most negative finite number of the dtype plays the part of -inf:
     # exp(mask_value - row_max) is exactly 0 for any row holding a real score,
@@ -73,8 +84,9 @@ class MultiHeadAttention(keras.layers.Layer):
 
     The layer can read and write a key/value cache for incremental decoding:
     pass `cache=(key_cache, value_cache)` of shapes
-    `(batch, max_length, num_heads, key_dim)` and
-    `(batch, max_length, num_heads, value_dim)`. With `cache_update_index`
+    `(batch, num_heads, max_length, key_dim)` and
+    `(batch, num_heads, max_length, value_dim)` (head-major, as attention
+    kernels read them). With `cache_update_index`
     the keys and values of the current queries are written into the cache at
     that position first (decoder self-attention); without it the cache is
     used as it is (encoder-decoder attention over a fixed memory). The
@@ -202,14 +214,14 @@ class MultiHeadAttention(keras.layers.Layer):
         training=None,
     ):
         query_heads = self.query_dense(query)
-        if cache is not None and cache_update_index is None:
-            key_heads, value_heads = cache
+        if cache is None:
+            key_heads, value_heads = self._project(value, key)
         else:
-            key_heads, value_heads = self.project_key_value(value, key)
-            if cache is not None:
-                start = [0, cache_update_index, 0, 0]
-                key_heads = ops.slice_update(cache[0], start, key_heads)
-                value_heads = ops.slice_update(cache[1], start, value_heads)
+            if cache_update_index is not None:
+                start = [0, 0, cache_update_index, 0]
+                keys, values = self.project_key_value(value, key)
+                cache = (ops.slice_update(cache[0], start, keys), ops.slice_update(cache[1], start, values))
+            key_heads, value_heads = _token_major(cache[0]), _token_major(cache[1])
         mask = self._attention_mask(
             query_heads, key_heads, attention_mask, use_causal_mask, cache_update_index
         )
@@ -232,24 +244,30 @@ class MultiHeadAttention(keras.layers.Layer):
         if return_attention_scores:
             outputs.append(weights)
         if cache is not None:
-            outputs.append((key_heads, value_heads))
+            outputs.append(cache)
         return outputs[0] if len(outputs) == 1 else tuple(outputs)
 
+    def _project(self, value, key=None):
+        """K W^K and V W^V, `(batch, source_length, num_heads, d_k | d_v)`."""
+        key = value if key is None else key
+        return self.key_dense(key), self.value_dense(value)
+
     def project_key_value(self, value, key=None):
-        """The projected `(key_heads, value_heads)` of a memory, as a cache.
+        """The projected `(key_heads, value_heads)` of a memory, as a cache:
+        `(batch, num_heads, source_length, d_k | d_v)` each.
 
         Encoder-decoder attention attends to the same encoder output at every
         decoding step: computing its keys and values once and passing them as
         `cache` (with no `cache_update_index`) saves recomputing them.
         """
-        key = value if key is None else key
-        return self.key_dense(key), self.value_dense(value)
+        keys, values = self._project(value, key)
+        return _head_major(keys), _head_major(values)
 
     def empty_cache(self, batch_size, length, dtype=None):
         """A zeroed self-attention key/value cache of `length` positions:
-        `(key_cache, value_cache)`, each `(batch_size, length, num_heads,
+        `(key_cache, value_cache)`, each `(batch_size, num_heads, length,
         d_k | d_v)`, for `call(..., cache=..., cache_update_index=...)`."""
-        shape = (batch_size, length, self.num_heads)
+        shape = (batch_size, self.num_heads, length)
         dtype = dtype or self.compute_dtype
         return ops.zeros(shape + (self._d_k,), dtype), ops.zeros(shape + (self._d_v,), dtype)
 

@@ -5,6 +5,8 @@
 
 import keras
 
+from keras_transformer.layers.dropout import apply_dropout
+
 
 @keras.saving.register_keras_serializable(package="keras_transformer")
 class PositionwiseFeedForward(keras.layers.Layer):
@@ -68,7 +70,7 @@ class PositionwiseFeedForward(keras.layers.Layer):
         self.output_dense.build(tuple(input_shape[:-1]) + (self.d_ff,))
 
     def call(self, inputs, training=None):
-        hidden = self.inner_dropout(self.inner_dense(inputs), training=training)
+        hidden = apply_dropout(self.inner_dropout, self.inner_dense(inputs), training)
         return self.output_dense(hidden)
 
     def compute_output_shape(self, input_shape):

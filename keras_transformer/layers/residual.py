@@ -8,6 +8,7 @@ stack of pre-norm layers needs one final LayerNorm, which the backbone adds.
 import keras
 
 from keras_transformer.layers.attention import MultiHeadAttention
+from keras_transformer.layers.dropout import apply_dropout
 from keras_transformer.layers.feed_forward import PositionwiseFeedForward
 
 
@@ -23,8 +24,8 @@ def residual_connection(x, sublayer, norm, dropout, normalize_first, training=No
         training: forwarded to `dropout`.
     """
     if normalize_first:
-        return x + dropout(sublayer(norm(x)), training=training)
-    return norm(x + dropout(sublayer(x), training=training))
+        return x + apply_dropout(dropout, sublayer(norm(x)), training)
+    return norm(x + apply_dropout(dropout, sublayer(x), training))
 
 
 class TransformerLayerBase(keras.layers.Layer):

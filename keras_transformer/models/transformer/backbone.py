@@ -324,8 +324,8 @@ class TransformerBackbone(PresetIO, keras_hub.models.Backbone):
 
     def empty_self_attention_cache(self, batch_size, max_length):
         """Zeroed self-attention key/value caches of `max_length` positions,
-        one `(keys, values)` per decoder layer, each `(batch_size,
-        max_length, heads, d_k | d_v)`."""
+        one `(keys, values)` per decoder layer, each `(batch_size, heads,
+        max_length, d_k | d_v)`."""
         return [
             layer.self_attention.empty_cache(batch_size, max_length, self.compute_dtype)
             for layer in self.decoder_layers

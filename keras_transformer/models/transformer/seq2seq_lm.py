@@ -194,7 +194,7 @@ class TransformerSeq2SeqLM(PresetIO, keras_hub.models.Seq2SeqLM):
 
     def empty_self_attention_cache(self, batch_size, max_length):
         """Zeroed self-attention key/value caches, one `(keys, values)` per
-        decoder layer, each `(batch_size, max_length, heads, d_k | d_v)`."""
+        decoder layer, each `(batch_size, heads, max_length, d_k | d_v)`."""
         return self.backbone.empty_self_attention_cache(batch_size, max_length)
 
     def initial_cache(self, encoder_output, max_length):
