@@ -129,17 +129,25 @@ def _add_precision(p):
                    help="compute in this precision (default: the preset's, float32)")
     p.add_argument("--quantize", choices=("int8",),
                    help="store the weights in int8 (Keras's quantization): a quarter of the memory")
+    p.add_argument("--ensemble", action="append", default=[], metavar="PRESET", help="also decode with this "
+                   "preset (same vocabulary and languages), averaging the models' probabilities; repeatable")
 
 
 def _load_translator(preset, args):
-    """The model of `preset` in the precision that --dtype and --quantize ask for."""
+    """The models of `preset` and --ensemble as --dtype and --quantize ask, and the decoding settings."""
+    from keras_transformer import presets
     from keras_transformer.models import TransformerSeq2SeqLM
 
-    kwargs = {"dtype": args.dtype} if args.dtype else {}
-    model = TransformerSeq2SeqLM.from_preset(preset, **kwargs)
-    if args.quantize:
+    names = [preset, *args.ensemble]
+    languages = {name: presets.preset_metadata(name).get("languages") for name in names} if args.ensemble else {}
+    if len({tuple(sorted(pair.items())) for pair in languages.values() if pair}) > 1:
+        raise SystemExit(f"error: the models of an ensemble must translate the same languages; got {languages}")
+    models = [TransformerSeq2SeqLM.from_preset(name, **({"dtype": args.dtype} if args.dtype else {})) for name in names]
+    for model in models if args.quantize else ():
         model.quantize(args.quantize)
-    return model
+    decoding = dict(sampler="greedy") if args.beam_size == 1 else dict(
+        beam_size=args.beam_size, alpha=args.alpha, length_penalty=args.length_penalty)
+    return models[0], {**decoding, "ensemble": models[1:]}
 
 
 def _add_length_penalty(p):
@@ -227,15 +235,13 @@ def _evaluate(args):
     sources, references = multi30k.load(args.split, source, target, args.data_dir)
     if args.limit:
         sources, references = sources[: args.limit], references[: args.limit]
-    model = _load_translator(args.model, args)
-    decoding = dict(sampler="greedy") if args.beam_size == 1 else dict(
-        beam_size=args.beam_size, alpha=args.alpha, length_penalty=args.length_penalty
-    )
+    model, decoding = _load_translator(args.model, args)
     scores = evaluate_translation(model, sources, references, batch_size=args.batch_size, **decoding)
     if args.output:
         with open(args.output, "w", encoding="utf-8") as f:
             f.write("\n".join(scores["translations"]) + "\n")
-    how = "greedy" if args.beam_size == 1 else f"beam {args.beam_size}, alpha {args.alpha}"
+    how = ("greedy" if args.beam_size == 1 else f"beam {args.beam_size}, alpha {args.alpha}") + (
+        f", an ensemble of {1 + len(args.ensemble)} models" if args.ensemble else "")
     print(f"{args.split} {source}-{target}, {len(sources)} sentences, {how}")
     print(f"BLEU {scores['bleu']:.2f}  {scores['bleu_signature']}")
     print(f"BLEU (lowercased) {scores['bleu_lowercase']:.2f}  {scores['bleu_lowercase_signature']}")
@@ -280,10 +286,7 @@ def _translate(args):
             print("Type sentences, one a line; end with Ctrl-D.", file=sys.stderr)
         texts = _decode_lines(sys.stdin.buffer.read(), "standard input")
     _check_output_path(args.output)
-    model = _load_translator(args.preset, args)
-    decoding = dict(sampler="greedy") if args.beam_size == 1 else dict(
-        beam_size=args.beam_size, alpha=args.alpha, length_penalty=args.length_penalty
-    )
+    model, decoding = _load_translator(args.preset, args)
     # The progress bar goes to stderr, so that stdout holds translations only.
     verbose = 1 if len(texts) > args.batch_size else 0
     with contextlib.redirect_stdout(sys.stderr):

@@ -11,6 +11,7 @@ import numpy as np
 from keras import ops
 
 from keras_transformer.decoding.beam import beam_search
+from keras_transformer.decoding.ensemble import Ensemble
 from keras_transformer.decoding.interface import forget_decoding_functions
 from keras_transformer.decoding.rules import LENGTH_PENALTIES
 from keras_transformer.decoding.rules import check_alpha
@@ -263,6 +264,7 @@ class TransformerSeq2SeqLM(PresetIO, keras_hub.models.Seq2SeqLM):
         batch_size=32,
         verbose=0,
         length_penalty="gnmt",
+        ensemble=None,
     ):
         """Translates sources with the key/value cache (section 6.1).
 
@@ -290,6 +292,9 @@ class TransformerSeq2SeqLM(PresetIO, keras_hub.models.Seq2SeqLM):
                 `"gnmt"` (the paper's, ((5 + |Y|) / 6) ** alpha) or
                 `"length"` (|Y| ** alpha, as Hugging Face transformers and
                 Marian rank hypotheses).
+            ensemble: other models sharing this model's vocabulary, decoded
+                together with it: each step ranks tokens by the models' mean
+                probability (`keras_transformer.decoding.Ensemble`).
 
         Returns:
             For string inputs, strings; for token ids, lists of ids. With
@@ -303,8 +308,8 @@ class TransformerSeq2SeqLM(PresetIO, keras_hub.models.Seq2SeqLM):
                 f"Unknown sampler {sampler!r}; available: 'beam', 'greedy', or a "
                 "keras_hub.samplers.Sampler instance."
             )
-        if keras_hub_sampler and (num_results > 1 or return_scores):
-            raise ValueError("keras-hub samplers give no scores or n-best lists; use sampler='beam'.")
+        if keras_hub_sampler and (num_results > 1 or return_scores or ensemble):
+            raise ValueError("keras-hub samplers give no scores, n-best lists or ensembles; use sampler='beam'.")
         if batch_size < 1:
             raise ValueError(f"batch_size must be at least 1, got {batch_size}.")
         check_alpha(alpha)
@@ -345,12 +350,13 @@ class TransformerSeq2SeqLM(PresetIO, keras_hub.models.Seq2SeqLM):
         # Sources of similar length go together (less padding); the
         # results come back in the order of the inputs.
         order = sorted(range(len(sources)), key=lambda i: len(sources[i]))
+        decoder = self._ensemble_with(ensemble) if ensemble else self
         results = [None] * len(sources)
         progress = keras.utils.Progbar(len(sources), verbose=verbose, unit_name="sentence") if verbose else None
         for start in range(0, len(sources), batch_size):
             batch = order[start : start + batch_size]
             found = beam_search(
-                self, [sources[i] for i in batch], beam_size=beam_size, alpha=alpha,
+                decoder, [sources[i] for i in batch], beam_size=beam_size, alpha=alpha,
                 max_length_offset=max_length_offset, num_results=num_results,
                 length_penalty=length_penalty,
             )
@@ -364,6 +370,18 @@ class TransformerSeq2SeqLM(PresetIO, keras_hub.models.Seq2SeqLM):
         else:
             outputs = [decode(result[0][0]) if result else empty for result in results]
         return outputs[0] if single else outputs
+
+    def _ensemble_with(self, others):
+        """The `Ensemble` of this model and `others`, made again only when
+        the models or their variables (quantization) change, so that its
+        compiled decoding functions are reused from call to call."""
+        models = [self, *others]
+        key = tuple(id(variable) for model in models for variable in model.variables)
+        ensemble = getattr(self, "_ensemble", None)
+        if ensemble is None or self._ensemble_key != key:
+            ensemble = Ensemble(models)
+            self._ensemble, self._ensemble_key = ensemble, key
+        return ensemble
 
     def _require_tokenizer(self):
         if self.preprocessor is None:

@@ -1,0 +1,125 @@
+"""Several translation models decoded as one (an ensemble).
+
+Models trained apart on the same vocabulary (other seeds, other
+configurations) make different errors; decoding them together is a common
+way to gain BLEU at inference time alone. As fairseq and Marian do, every
+model reads the same source and the same output prefix, and the search ranks
+the next token by the average of the models' probabilities:
+
+    P(y | prefix, X) = 1/M * sum_m P_m(y | prefix, X)
+
+`Ensemble` provides the decoding interface (`interface.Seq2SeqDecodingModel`)
+over its models, so beam search, greedy decoding and their compiled steps
+run it unchanged: the ensemble's cache is the models' caches one after the
+other, and its logits are log P, already normalized.
+"""
+
+import math
+
+from keras import ops
+
+
+class _Sizes:
+    """The `backbone` attributes that decoding reads of an ensemble."""
+
+    def __init__(self, vocabulary_size, max_sequence_length):
+        self.vocabulary_size = vocabulary_size
+        self.max_sequence_length = max_sequence_length
+
+
+class Ensemble:
+    """Translation models decoded together, averaging their probabilities.
+
+    Args:
+        models: two or more `TransformerSeq2SeqLM` (or other
+            `Seq2SeqDecodingModel`s) with the same vocabulary size and special
+            token ids; with tokenizers, the same vocabulary.
+
+    Example:
+
+    >>> from keras_transformer.models import TransformerSeq2SeqLM
+    >>> model = TransformerSeq2SeqLM.from_preset("transformer_multi30k_en_de")
+    >>> ensemble = Ensemble([model, model])
+    >>> ensemble.backbone.vocabulary_size
+    8000
+
+    `model.generate(texts, ensemble=[other, ...])` translates with the
+    ensemble of `model` and the others.
+    """
+
+    def __init__(self, models):
+        models = list(models)
+        if len(models) < 2:
+            raise ValueError(f"An ensemble needs at least two models, got {len(models)}.")
+        first = models[0]
+        for i, model in enumerate(models[1:], start=1):
+            _check_compatible(first, model, i)
+        self.models = models
+        self.special_token_ids = first.special_token_ids
+        self.backbone = _Sizes(
+            first.backbone.vocabulary_size,
+            min(model.backbone.max_sequence_length for model in models),
+        )
+        # Where each model's layers start in the ensemble's cache.
+        self._layer_counts = [len(model.empty_self_attention_cache(1, 1)) for model in models]
+
+    @property
+    def variables(self):
+        return [variable for model in self.models for variable in model.variables]
+
+    def encode(self, encoder_token_ids, encoder_padding_mask):
+        """Each model's encoder output, as a tuple."""
+        return tuple(model.encode(encoder_token_ids, encoder_padding_mask) for model in self.models)
+
+    def cross_attention_cache(self, encoder_outputs):
+        """The models' encoder-decoder keys and values, one after the other."""
+        return [
+            cache
+            for model, output in zip(self.models, encoder_outputs)
+            for cache in model.cross_attention_cache(output)
+        ]
+
+    def empty_self_attention_cache(self, batch_size, max_length):
+        """The models' empty self-attention caches, one after the other."""
+        return [cache for model in self.models for cache in model.empty_self_attention_cache(batch_size, max_length)]
+
+    def call_decoder_with_cache(self, token_ids, index, cache, encoder_padding_mask):
+        """One step of every model; returns `(log P, cache)`, with log P
+        `(batch, vocabulary_size)` the log of the models' mean probability."""
+        log_probs, new_cache, start = [], [], 0
+        for model, count in zip(self.models, self._layer_counts):
+            logits, model_cache = model.call_decoder_with_cache(
+                token_ids, index, cache[start : start + count], encoder_padding_mask
+            )
+            log_probs.append(ops.log_softmax(ops.cast(logits, "float32"), axis=-1))
+            new_cache.extend(model_cache)
+            start += count
+        mean = ops.logsumexp(ops.stack(log_probs), axis=0) - math.log(len(self.models))
+        return mean, new_cache
+
+
+def _check_compatible(first, model, index):
+    """Refuses a model whose outputs do not mean the same tokens as the first's."""
+    if model.backbone.vocabulary_size != first.backbone.vocabulary_size:
+        raise ValueError(
+            f"Ensemble model {index} has a vocabulary of {model.backbone.vocabulary_size} tokens, model 0 "
+            f"one of {first.backbone.vocabulary_size}: the models of an ensemble must share one vocabulary."
+        )
+    if model.special_token_ids != first.special_token_ids:
+        raise ValueError(
+            f"Ensemble model {index} has special token ids {model.special_token_ids}, model 0 "
+            f"{first.special_token_ids}: the models of an ensemble must share one vocabulary."
+        )
+    first_vocabulary, vocabulary = _vocabulary(first), _vocabulary(model)
+    if first_vocabulary is not None and vocabulary is not None and first_vocabulary != vocabulary:
+        raise ValueError(
+            f"Ensemble model {index} has another tokenizer vocabulary than model 0 (same size, other "
+            "pieces): the models of an ensemble must share one vocabulary, as models trained on the same "
+            "tokenizer (train --from-preset, or the same tokenizer.spm) do."
+        )
+
+
+def _vocabulary(model):
+    tokenizer = getattr(getattr(model, "preprocessor", None), "tokenizer", None)
+    get_vocabulary = getattr(tokenizer, "get_vocabulary", None)
+    return None if get_vocabulary is None else list(get_vocabulary())
