@@ -8,9 +8,12 @@ and a `MarianMTModel` with d_model 64, 2 + 2 layers, swish, a non-zero
 `save_pretrained` writes for opus-mt, small.
 """
 
+import hashlib
 import io
 import json
 import os
+import shutil
+import tempfile
 
 import numpy as np
 
@@ -39,6 +42,37 @@ def marian_vocabulary(source_proto, target_proto, language_tokens=(">>de<<",)):
                 pieces.append(piece)
     pieces += list(language_tokens) + ["<pad>"]
     return {piece: i for i, piece in enumerate(pieces)}
+
+
+# A directory shared by the test runs of every backend (set by
+# tests/run_all_backends.sh): the tiny checkpoint does not depend on the
+# Keras backend, so it is built once for the three runs.
+CACHE_VARIABLE = "KERAS_TRANSFORMER_TEST_CACHE"
+
+
+def tiny_marian_dir(fallback_directory, sources, targets, **kwargs):
+    """The directory of `save_tiny_marian(directory, sources, targets,
+    **kwargs)`: built into `fallback_directory`, or, with
+    $KERAS_TRANSFORMER_TEST_CACHE set, found or built once under it (keyed
+    by this module's code and the arguments, written whole or not at all)."""
+    cache = os.environ.get(CACHE_VARIABLE)
+    if not cache:
+        save_tiny_marian(fallback_directory, sources, targets, **kwargs)
+        return fallback_directory
+    key = hashlib.sha256()
+    with open(__file__, "rb") as f:
+        key.update(f.read())
+    key.update(json.dumps([list(sources), list(targets), sorted(kwargs.items())], default=list).encode())
+    directory = os.path.join(cache, "tiny-marian-" + key.hexdigest()[:16])
+    if not os.path.isdir(directory):
+        os.makedirs(cache, exist_ok=True)
+        building = tempfile.mkdtemp(dir=cache)
+        save_tiny_marian(building, sources, targets, **kwargs)
+        try:
+            os.rename(building, directory)
+        except OSError:  # another run built it first
+            shutil.rmtree(building, ignore_errors=True)
+    return directory
 
 
 def save_tiny_marian(directory, sources, targets, seed=0, calibration_texts=(), max_new_tokens=40, train_steps=200,

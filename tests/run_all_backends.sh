@@ -3,6 +3,13 @@
 # package) once per Keras backend; stops at the first backend that fails.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# Test data that does not depend on the backend (the tiny Marian checkpoint
+# that transformers builds) is made once for the three runs, here.
+if [ -z "${KERAS_TRANSFORMER_TEST_CACHE:-}" ]; then
+    KERAS_TRANSFORMER_TEST_CACHE="$(mktemp -d)"
+    trap 'rm -rf "$KERAS_TRANSFORMER_TEST_CACHE"' EXIT
+fi
+export KERAS_TRANSFORMER_TEST_CACHE
 for backend in ${BACKENDS:-jax tensorflow torch}; do
     echo "=== KERAS_BACKEND=$backend ==="
     KERAS_BACKEND=$backend python -m pytest -q -p no:cacheprovider tests keras_transformer "$@"

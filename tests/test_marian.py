@@ -12,7 +12,7 @@ import pytest
 transformers = pytest.importorskip("transformers")
 torch = pytest.importorskip("torch")
 
-from marian_fixture import save_tiny_marian  # noqa: E402
+from marian_fixture import tiny_marian_dir  # noqa: E402
 
 from keras_transformer.presets import PresetError  # noqa: E402
 
@@ -29,9 +29,8 @@ TEXTS = [
 @pytest.fixture(scope="module")
 def marian_dir(tmp_path_factory, multi30k_train):
     sources, targets = multi30k_train
-    directory = str(tmp_path_factory.mktemp("marian"))
-    save_tiny_marian(directory, sources[:3000], targets[:3000], calibration_texts=TEXTS, max_new_tokens=30)
-    return directory
+    return tiny_marian_dir(str(tmp_path_factory.mktemp("marian")), sources[:3000], targets[:3000],
+                           calibration_texts=TEXTS, max_new_tokens=30)
 
 
 @pytest.fixture(scope="module")
