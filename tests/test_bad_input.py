@@ -148,14 +148,7 @@ def test_checksums_malformed_or_missing(preset):
 
 def test_a_config_that_does_not_fit_the_weights_is_refused(preset):
     _, directory = preset
-
-    def one_layer(config):
-        for item in _dicts(config):
-            if "num_layers" in item:
-                item["num_layers"] = 1
-
-    for name in ("config.json", "task.json"):
-        _edit_json(directory, name, one_layer)
+    _set_in_model_configs(directory, "num_layers", 1)
     with pytest.raises(PresetError, match=r"do not fit the model .*config.json.* hold \d+ variables, .* has \d+ \(num_layers: 1\)"):
         TransformerSeq2SeqLM.from_preset(directory)
     with pytest.raises(PresetError, match="do not fit"):
@@ -166,14 +159,7 @@ def test_weights_of_other_shapes_than_the_config_are_refused(preset):
     """Same variables, other sizes (a config edited to another d_ff): Keras
     refuses the shapes; the error names the weights and the config."""
     _, directory = preset
-
-    def wider(config):
-        for item in _dicts(config):
-            if "d_ff" in item:
-                item["d_ff"] = 128
-
-    for name in ("config.json", "task.json"):
-        _edit_json(directory, name, wider)
+    _set_in_model_configs(directory, "d_ff", 128)
     for cls in (TransformerSeq2SeqLM, TransformerBackbone):
         with pytest.raises(PresetError, match=r"weights in .*model.weights.h5' do not fit the model in .*config.json'"):
             cls.from_preset(directory)
@@ -208,6 +194,19 @@ def _read_json(directory, name):
 def _write_json(directory, name, content):
     with open(os.path.join(directory, name), "w", encoding="utf-8") as f:
         json.dump(content, f)
+
+
+def _set_in_model_configs(directory, key, value):
+    """Sets `key` wherever it appears in the backbone's config, in both
+    `config.json` and `task.json`: a config edited by hand."""
+
+    def edit(config):
+        for item in _dicts(config):
+            if key in item:
+                item[key] = value
+
+    for name in ("config.json", "task.json"):
+        _edit_json(directory, name, edit)
 
 
 def _edit_json(directory, name, edit):
@@ -336,14 +335,7 @@ def test_export_subprocess_errors_are_raised_as_they_were(monkeypatch, capsys):
 @pytest.mark.skipif(keras.config.backend() != "torch", reason="the subprocess is the same from every backend")
 def test_export_of_a_bad_preset_from_another_backend_says_what_is_wrong(preset, capsys, tmp_path):
     _, directory = preset
-
-    def one_layer(config):
-        for item in _dicts(config):
-            if "num_layers" in item:
-                item["num_layers"] = 1
-
-    for name in ("config.json", "task.json"):
-        _edit_json(directory, name, one_layer)
+    _set_in_model_configs(directory, "num_layers", 1)
     with pytest.raises(SystemExit) as raised:
         cli.main(["export", "--preset", directory, str(tmp_path / "out")])
     message = str(raised.value)

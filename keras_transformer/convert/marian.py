@@ -67,10 +67,11 @@ def _fetch(preset, name, required=True):
     try:
         return get_file(preset, name)
     except Exception as error:  # the hub client's errors have no common base
-        if not required and _is_missing_file(error):
+        missing = _is_missing_file(error)
+        if missing and not required:
             return None
         repo = preset.split("://", 1)[1]
-        if _is_missing_file(error):
+        if missing:
             reason = f"the hub has no {name} for {repo!r} (is the handle right?)"
         else:
             reason = f"the Hugging Face hub could not be reached or refused it ({_root_cause(error)})"

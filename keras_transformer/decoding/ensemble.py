@@ -15,16 +15,9 @@ other, and its logits are log P, already normalized.
 """
 
 import math
+import types
 
 from keras import ops
-
-
-class _Sizes:
-    """The `backbone` attributes that decoding reads of an ensemble."""
-
-    def __init__(self, vocabulary_size, max_sequence_length):
-        self.vocabulary_size = vocabulary_size
-        self.max_sequence_length = max_sequence_length
 
 
 class Ensemble:
@@ -56,9 +49,10 @@ class Ensemble:
             _check_compatible(first, model, i)
         self.models = models
         self.special_token_ids = first.special_token_ids
-        self.backbone = _Sizes(
-            first.backbone.vocabulary_size,
-            min(model.backbone.max_sequence_length for model in models),
+        # The `backbone` attributes that decoding reads.
+        self.backbone = types.SimpleNamespace(
+            vocabulary_size=first.backbone.vocabulary_size,
+            max_sequence_length=min(model.backbone.max_sequence_length for model in models),
         )
         # Where each model's layers start in the ensemble's cache.
         self._layer_counts = [len(model.empty_self_attention_cache(1, 1)) for model in models]

@@ -377,10 +377,10 @@ class TransformerSeq2SeqLM(PresetIO, keras_hub.models.Seq2SeqLM):
         compiled decoding functions are reused from call to call."""
         models = [self, *others]
         key = tuple(id(variable) for model in models for variable in model.variables)
-        ensemble = getattr(self, "_ensemble", None)
-        if ensemble is None or self._ensemble_key != key:
+        made_for, ensemble = getattr(self, "_ensemble", (None, None))
+        if made_for != key:
             ensemble = Ensemble(models)
-            self._ensemble, self._ensemble_key = ensemble, key
+            self._ensemble = (key, ensemble)
         return ensemble
 
     def _require_tokenizer(self):
