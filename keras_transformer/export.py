@@ -21,10 +21,11 @@ Signatures:
   with the padding id, no start or end token), `lengths` (int32
   `(batch,)`) and `scores` (float32 `(batch,)`, log P / lp).
 
-The beam search here is `keras_transformer.decoding.beam.beam_search` as one
-`tf.while_loop`: both follow the rules of `keras_transformer.decoding.rules`
-(output budgets, candidates, ranking, stopping), so that the SavedModel
-gives the package's own translations. An empty or blank text
+The beam search here is `keras_transformer.decoding.loop.search_loop`, the
+search that `generate` runs for one sentence at a time on JAX and
+TensorFlow: it follows the rules of `keras_transformer.decoding.rules`
+(output budgets, candidates, ranking, stopping), as the host search does, so
+that the SavedModel gives the package's own translations. An empty or blank text
 gives an empty translation (score 0); a text longer than the model's
 `max_sequence_length` fails with an error naming the limit.
 
@@ -40,11 +41,11 @@ import sys
 
 import keras
 import tensorflow as tf
-import tensorflow.experimental.numpy as tnp
 import tensorflow_text as tf_text
 
 from keras_transformer.decoding import rules
 from keras_transformer.decoding.interface import never_output_bias
+from keras_transformer.decoding.loop import search_loop
 from keras_transformer.utils.files import move_into_place
 from keras_transformer.utils.files import reporting_full_disk
 from keras_transformer.utils.files import staging_directory
@@ -274,7 +275,7 @@ class Translator(tf.Module):
         with tf.control_dependencies([check]):
             encoder_ids = sources.to_tensor(default_value=self.pad_id)
         encoder_mask = tf.cast(tf.sequence_mask(source_lengths, tf.shape(encoder_ids)[1]), tf.int32)
-        budgets = rules.output_budget(source_lengths, self.max_length_offset, limit, xp=tnp)
+        budgets = rules.output_budget(source_lengths, self.max_length_offset, limit, xp=rules.KerasOps)
         token_ids, lengths, scores = self._beam_search(encoder_ids, encoder_mask, budgets)
         lengths = tf.where(empty, 0, lengths)
         scores = tf.where(empty, 0.0, scores)
@@ -282,115 +283,18 @@ class Translator(tf.Module):
         token_ids = tf.where(tf.sequence_mask(lengths, tf.shape(token_ids)[1]), token_ids, self.pad_id)
         return token_ids, lengths, scores
 
-    def _length_penalty(self, length):
-        return rules.length_penalty(length, self.alpha, "gnmt", xp=tnp)
-
     def _beam_search(self, encoder_ids, encoder_mask, budgets):
-        """`decoding.beam.beam_search` (num_results=1) as a while loop."""
-        model, k = self._model, self.beam_size
-        vocabulary_size = model.backbone.vocabulary_size
-        batch = tf.shape(encoder_ids)[0]
+        """`decoding.loop.search_loop` (num_results=1, the paper's
+        penalty): the best finished hypothesis of each source."""
         max_budget = tf.reduce_max(tf.concat([budgets, [1]], axis=0))  # 1 for an empty batch
-        length_limit = max_budget + 1  # positions, the start token's included
-        cross = model.cross_attention_cache(model.encode(encoder_ids, encoder_mask))
-        cross = [(tf.repeat(keys, k, axis=0), tf.repeat(values, k, axis=0)) for keys, values in cross]
-        beam_mask = tf.repeat(encoder_mask, k, axis=0)
-        self_caches = model.empty_self_attention_cache(batch * k, length_limit)
-        rank = tf.range(2 * k)[None, :]
-        never = tf.constant(-float("inf"), tf.float64)
-        rows = tf.range(batch)
-
-        def merge_finished(finished, new_ids, new_lengths, new_scores):
-            """Keeps the k best finished hypotheses; earlier ones first on ties."""
-            ids, lengths, scores = finished
-            ids = tf.concat([ids, new_ids], axis=1)
-            lengths = tf.concat([lengths, new_lengths], axis=1)
-            scores = tf.concat([scores, new_scores], axis=1)
-            # top_k keeps the lower index first among equal values.
-            _, best = tf.math.top_k(scores, k)
-            return (
-                tf.gather(ids, best, batch_dims=1),
-                tf.gather(lengths, best, batch_dims=1),
-                tf.gather(scores, best, batch_dims=1),
-            )
-
-        def body(index, tokens, parents_flat, sequences, log_probs, finished, count, done, caches):
-            caches = [(tf.gather(keys, parents_flat), tf.gather(values, parents_flat)) for keys, values in caches]
-            logits, cache = model.call_decoder_with_cache(
-                tokens[:, None], index, list(zip(caches, cross)), beam_mask
-            )
-            caches = [self_cache for self_cache, _ in cache]
-            values, flat = rules.best_extensions(logits, log_probs, self.never_output, 2 * k)
-            values = tf.cast(values, tf.float64)
-            parent, token = flat // vocabulary_size, flat % vocabulary_size
-            length = index + 1
-            usable = tf.math.is_finite(values) & ~done[:, None]
-            is_end = tf.equal(token, self.end_id)
-
-            # End tokens among the best k finish hypotheses (without the end token).
-            ends = usable & is_end & (rank < k)
-            end_ids = tf.gather(sequences, parent, batch_dims=1)
-            end_scores = tf.where(ends, values / self._length_penalty(length), never)
-            finished = merge_finished(finished, end_ids, tf.fill(tf.shape(parent), index), end_scores)
-            count += tf.reduce_sum(tf.cast(ends, tf.int32), axis=1)
-
-            # The best k other extensions stay live.
-            others = usable & ~is_end
-            chosen = others & (tf.cumsum(tf.cast(others, tf.int32), axis=1) <= k)
-            order = tf.argsort(tf.where(chosen, rank, 2 * k + rank), axis=1, stable=True)[:, :k]
-            live_mask = tf.gather(chosen, order, batch_dims=1)
-            new_log_probs = tf.where(live_mask, tf.gather(values, order, batch_dims=1), never)
-            new_parents = tf.where(live_mask, tf.gather(parent, order, batch_dims=1), 0)
-            new_tokens = tf.where(live_mask, tf.gather(token, order, batch_dims=1), self.pad_id)
-            live = tf.reduce_sum(tf.cast(live_mask, tf.int32), axis=1)
-            sequences = tf.gather(sequences, new_parents, batch_dims=1)
-            sequences = tf.where(
-                tf.equal(tf.range(tf.shape(sequences)[2]), index)[None, None, :],
-                new_tokens[:, :, None], sequences,
-            )
-
-            # At the maximum length the live beams finish as they are.
-            at_budget = (length >= budgets) & ~done
-            last = live_mask & at_budget[:, None]
-            last_scores = tf.where(last, new_log_probs / self._length_penalty(length), never)
-            finished = merge_finished(finished, sequences, tf.fill(tf.shape(new_parents), length), last_scores)
-
-            # Done: at the maximum length, nothing live, or by the stopping rule.
-            over = rules.search_is_over(
-                count, tf.reduce_max(new_log_probs, axis=1), finished[2][:, 0], finished[2][:, k - 1],
-                length, budgets, k, 1, self.alpha, "gnmt", xp=tnp,
-            )
-            done = done | at_budget | (live == 0) | over
-
-            log_probs = tf.cast(tf.where(done[:, None], never, new_log_probs), tf.float32)
-            parents_flat = tf.reshape(rows[:, None] * k + new_parents, [-1])
-            return (index + 1, tf.reshape(new_tokens, [-1]), parents_flat, sequences, log_probs,
-                    finished, count, done, caches)
-
-        def cond(index, tokens, parents_flat, sequences, log_probs, finished, count, done, caches):
-            return (index < max_budget) & ~tf.reduce_all(done)
-
-        first = tf.one_hot(tf.zeros([batch], tf.int32), k, on_value=0.0, off_value=-float("inf"))
-        state = (
-            tf.constant(0),
-            tf.fill([batch * k], self.start_id),
-            tf.range(batch * k),
-            tf.zeros([batch, k, max_budget], tf.int32),
-            first,
-            (
-                tf.zeros([batch, k, max_budget], tf.int32),
-                tf.zeros([batch, k], tf.int32),
-                tf.fill([batch, k], tf.constant(-float("inf"), tf.float64)),
-            ),
-            tf.zeros([batch], tf.int32),
-            tf.zeros([batch], tf.bool),
-            [(keys, values) for keys, values in self_caches],
+        settings = (
+            self.beam_size, 1, self.alpha, "gnmt", self.never_output, self.pad_id, self.start_id, self.end_id,
         )
-        invariants = tf.nest.map_structure(lambda x: tf.TensorShape([None] * x.shape.rank), state)
-        final = tf.while_loop(cond, body, state, shape_invariants=invariants)
-        ids, lengths, scores = final[5]
-        return ids[:, 0], lengths[:, 0], tf.cast(scores[:, 0], tf.float32)
-
+        # The cache holds the start token's position and the longest output.
+        token_ids, lengths, scores, _ = search_loop(
+            self._model, encoder_ids, encoder_mask, budgets, max_budget + 1, settings
+        )
+        return token_ids[:, 0], lengths[:, 0], scores[:, 0]
 
 
 def main(argv=None):

@@ -61,15 +61,17 @@ def exhaustive(model, source, max_tokens, alpha):
     return sorted(scored, key=lambda item: -item[0])
 
 
-@pytest.mark.parametrize("alpha,num_results", [(0.6, 5), (0.6, 1), (0.0, 5), (2.0, 3)])
-def test_wide_beam_equals_exhaustive_search(alpha, num_results):
+@pytest.mark.parametrize(
+    "alpha,num_results,in_loop", [(0.6, 5, False), (0.6, 1, False), (0.0, 5, False), (2.0, 3, False), (0.6, 5, True)]
+)
+def test_wide_beam_equals_exhaustive_search(alpha, num_results, in_loop):
     model = tiny_model()
     source = [START, 4, 5, 4, END]
     max_tokens = 3
     expected = exhaustive(model, source, max_tokens, alpha)
     # 64 beams hold every prefix of 3 tokens over 4 symbols: exact search.
-    result = beam_search(model, [source], beam_size=64, alpha=alpha,
-                         max_length_offset=max_tokens - len(source), num_results=num_results)[0]
+    result = beam_search(model, [source], beam_size=64, alpha=alpha, max_length_offset=max_tokens - len(source),
+                         num_results=num_results, in_loop=in_loop)[0]
     expected = expected[:num_results]
     assert [ids for ids, _, _ in result] == [ids for _, _, ids in expected]
     np.testing.assert_allclose([s for _, s, _ in result], [s for s, _, _ in expected], rtol=1e-4)
@@ -109,7 +111,7 @@ def test_finished_hypotheses_are_never_extended():
         # its end token when it ended early), with nothing added after.
         output = ids + [END] if len(ids) < len(source) + 6 else ids
         np.testing.assert_allclose(log_prob, sequence_log_prob(model, source, output), rtol=1e-4, atol=1e-5)
-        np.testing.assert_allclose(score, log_prob / length_penalty(len(output), 0.6), rtol=1e-9)
+        np.testing.assert_allclose(score, log_prob / length_penalty(len(output), 0.6), rtol=1e-6)
 
 
 def test_batches_of_different_lengths_equal_one_by_one():
@@ -125,6 +127,41 @@ def test_batches_of_different_lengths_equal_one_by_one():
             assert [ids for ids, _, _ in single] == [ids for ids, _, _ in result]
             np.testing.assert_allclose([s for _, s, _ in single], [s for _, s, _ in result], rtol=1e-5)
             assert all(len(ids) <= len(source) + 5 for ids, _, _ in result)
+
+
+@pytest.mark.parametrize("kind", ["gnmt", "length"])
+def test_the_search_in_one_loop_equals_the_host_search(kind):
+    """`loop.search_loop` (one compiled loop; the SavedModel's search) and
+    the host loop follow the same rules: same outputs, the same scores to
+    float32's precision, for sources that end early and at their budget."""
+    model = tiny_model(seed=9)
+    sources = [[START, 4, END], [START, 5, 4, 4, 5, 1, 4, END], [], [START, 1, 5, END]]
+    sources += [[START] + [4 + (i * j) % 2 for j in range(i)] + [END] for i in range(1, 7)]
+    settings = dict(beam_size=3, num_results=2, max_length_offset=5, length_penalty=kind)
+    host = beam_search(model, sources, in_loop=False, **settings)
+    loop = beam_search(model, sources, in_loop=True, **settings)
+    assert [[ids for ids, _, _ in result] for result in loop] == [[ids for ids, _, _ in result] for result in host]
+    for found, expected in zip(loop, host):
+        np.testing.assert_allclose([item[1:] for item in found], [item[1:] for item in expected], rtol=1e-5)
+    cut = [len(ids) == len(source) + 5 for source, result in zip(sources, host) for ids, _, _ in result]
+    assert any(cut), "some hypotheses should end at their budget"
+    if kind == "gnmt":  # "length" goes on to the budget
+        assert not all(cut), "some hypotheses should end early"
+
+
+def test_one_sentence_at_a_time_runs_in_one_loop_where_the_backend_compiles_it():
+    import keras
+
+    model = tiny_model(seed=5)
+    sources = [[START, 4, 5, END]]
+    beam_search(model, sources)
+    compiled_loops = getattr(model, "_decoding_loops", None)
+    if keras.config.backend() in ("jax", "tensorflow"):
+        assert compiled_loops and getattr(model, "_decoding_functions", None) is None
+    else:
+        assert not compiled_loops and getattr(model, "_decoding_functions", None) is not None
+    beam_search(model, sources * 2)  # a batch: the host loop
+    assert getattr(model, "_decoding_functions", None) is not None
 
 
 def test_bad_arguments():
@@ -262,6 +299,14 @@ def test_search_rules_agree_in_numpy_and_in_the_graph(kind):
             tnp.asarray(kth, "float64"), tnp.asarray(length), tnp.asarray(budget), 4, 1, 0.6, kind, xp=tnp,
         )
         assert bool(host) == bool(np.asarray(graph)), (count, best_live, nth, kth)
+        # In Keras ops and float32, as the loop on the device runs them.
+        device = rules.search_is_over(
+            ops.convert_to_tensor(count), ops.convert_to_tensor(best_live, "float32"),
+            ops.convert_to_tensor(nth, "float32"), ops.convert_to_tensor(kth, "float32"),
+            ops.convert_to_tensor(length), ops.convert_to_tensor(budget), 4, 1, 0.6, kind, xp=rules.KerasOps,
+            dtype="float32",
+        )
+        assert bool(ops.convert_to_numpy(device)) == bool(host), (count, best_live, nth, kth)
         if kind == "gnmt":
             reachable = best_live / ((5.0 + budget) / 6.0) ** 0.6
             assert bool(host) == (count >= 4 or (count >= 1 and nth >= reachable))

@@ -14,10 +14,11 @@ ended, adding to their scores; here a hypothesis that emits the end token is
 set aside, finished, and never extended again.
 
 The search's rules (output budget, candidates, ranking, maximum length,
-stopping) are written once in `rules.py`, which the SavedModel's in-graph
-search follows too. This module runs them on the host, between compiled
-steps (`interface.decoding_functions`), with sources that are done leaving
-the batch. With `beam_size=1` this is greedy decoding.
+stopping) are written once in `rules.py`. This module runs them on the
+host, between compiled steps (`interface.decoding_functions`), with sources
+that are done leaving the batch; for a few sources at a time on JAX and
+TensorFlow it runs them in one compiled loop instead (`loop.py`, which the
+SavedModel runs too). With `beam_size=1` this is greedy decoding.
 """
 
 from typing import NamedTuple
@@ -25,7 +26,9 @@ from typing import NamedTuple
 import numpy as np
 from keras import ops
 
+from keras_transformer.decoding.compiled import compiles_whole_loops
 from keras_transformer.decoding.interface import decoding_functions
+from keras_transformer.decoding.interface import search_loop_function
 from keras_transformer.decoding.rules import LENGTH_PENALTIES
 from keras_transformer.decoding.rules import length_penalty
 from keras_transformer.decoding.rules import output_budgets
@@ -35,6 +38,12 @@ _penalty = length_penalty  # `beam_search`'s argument of the same name hides it
 
 # Positions by which the self-attention cache grows (a multiple of 8).
 CACHE_CHUNK = 16
+
+# Batches of at most this many sources run in one compiled loop where the
+# backend compiles one (`loop.py`): for them the host's round trip at every
+# step costs more than what the host loop saves by dropping finished
+# sources from the batch and growing the cache as outputs grow.
+LOOP_BATCH_SIZE = 1
 
 
 def pad_sources(sources, pad_id, max_length=None):
@@ -83,6 +92,7 @@ def beam_search(
     num_results=1,
     length_penalty="gnmt",
     functions=None,
+    in_loop=None,
 ):
     """Translates token id sequences with beam search.
 
@@ -106,6 +116,9 @@ def beam_search(
         functions: the `(encode, step)` pair to run; by default the model's
             `decoding_functions(model)` (another pair times other ways of
             running a step, as `benchmarks/decode.py` does).
+        in_loop: run the whole search in one compiled loop (`loop.py`):
+            by default on JAX and TensorFlow for batches of at most
+            `LOOP_BATCH_SIZE` sources; `False` runs the host loop.
 
     Returns:
         For each source, a list of `num_results` `(token_ids, score,
@@ -122,7 +135,10 @@ def beam_search(
     settings = _Settings(
         beam_size, num_results, alpha, length_penalty, model.special_token_ids.end, model.backbone.vocabulary_size
     )
-    finished = _search(model, [sources[i] for i in rows], max_length_offset, settings, functions)
+    if in_loop is None:
+        in_loop = functions is None and compiles_whole_loops() and len(rows) <= LOOP_BATCH_SIZE
+    search = _search_in_loop if in_loop else _search
+    finished = search(model, [sources[i] for i in rows], max_length_offset, settings, functions)
     for source, i in enumerate(rows):
         ranked = sorted(finished[source], key=lambda item: -item[0])[:num_results]
         results[i] = [(ids, float(score), float(log_prob)) for score, log_prob, ids in ranked]
@@ -212,6 +228,25 @@ def _search(model, sources, max_length_offset, settings, functions):
             sequences, log_probs, done, slots = sequences[keep], log_probs[keep], done[keep], slots[keep]
 
     return finished
+
+
+def _search_in_loop(model, sources, max_length_offset, settings, functions=None):
+    """`_search` as one compiled loop (`loop.search_loop`): each source's
+    `num_results` best finished hypotheses."""
+    limit = model.backbone.max_sequence_length
+    encoder_ids, encoder_mask = pad_sources(sources, model.special_token_ids.pad, limit)
+    budgets = output_budgets(sources, max_length_offset, limit)
+    # From the padded source length, not the budgets, so that sources
+    # padded alike share one compiled loop.
+    max_length = min(round_up(encoder_ids.shape[1] + max_length_offset + 1, 8), limit)
+    search = search_loop_function(model, settings.beam_size, settings.num_results, settings.alpha, settings.kind)
+    found = search(encoder_ids, encoder_mask, budgets.astype("int32"), np.zeros(max_length, "int32"))
+    token_ids, lengths, scores, log_probs = (ops.convert_to_numpy(x) for x in found)
+    return [
+        [(float(scores[row, j]), float(log_probs[row, j]), token_ids[row, j, : lengths[row, j]].tolist())
+         for j in range(settings.num_results) if np.isfinite(scores[row, j])]
+        for row in range(len(sources))
+    ]
 
 
 def _check_arguments(beam_size, num_results, alpha, kind):

@@ -49,3 +49,10 @@ def compile_for_inference(model, function):
 
         return no_grad
     return function
+
+
+def compiles_whole_loops():
+    """Whether the backend compiles a `keras.ops.while_loop` whole (JAX and
+    TensorFlow, through XLA), so that a search can run on the device from
+    start to end; PyTorch runs such a loop step by step from Python."""
+    return keras.config.backend() in ("jax", "tensorflow")

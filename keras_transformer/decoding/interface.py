@@ -15,6 +15,7 @@ import numpy as np
 from keras import ops
 
 from keras_transformer.decoding.compiled import compile_for_inference
+from keras_transformer.decoding.loop import search_loop
 from keras_transformer.decoding.rules import best_extensions
 
 
@@ -63,16 +64,42 @@ def never_output_bias(model):
     return bias
 
 
-# The model attribute holding its compiled pair: on the model, so that
-# they go when it goes (they refer to it).
+# The model attributes holding its compiled functions: on the model, so
+# that they go when it goes (they refer to it).
 _ATTRIBUTE = "_decoding_functions"
+_LOOPS = "_decoding_loops"
 
 
 def forget_decoding_functions(model):
     """Drops `model`'s compiled decoding functions, after its variables
     changed (quantization): the next search compiles them again."""
-    if getattr(model, _ATTRIBUTE, None) is not None:
-        setattr(model, _ATTRIBUTE, None)
+    for attribute in (_ATTRIBUTE, _LOOPS):
+        if getattr(model, attribute, None) is not None:
+            setattr(model, attribute, None)
+
+
+def search_loop_function(model, beam_size, num_results, alpha, kind):
+    """`loop.search_loop` of `model` with these settings, compiled for the
+    backend, made once per model and settings: `search(encoder_ids,
+    encoder_mask, budgets, positions)` gives `(token_ids, lengths, scores,
+    log_probs)`; `positions`, any int32 vector, has the length of the
+    self-attention cache (so that it is a shape, which compilers see)."""
+    if getattr(model, _LOOPS, None) is None:
+        setattr(model, _LOOPS, {})
+    loops = getattr(model, _LOOPS)  # a Keras model keeps a tracked copy of a dict
+    key = (beam_size, num_results, float(alpha), kind)
+    if key not in loops:
+        special = model.special_token_ids
+        settings = (
+            beam_size, num_results, float(alpha), kind, never_output_bias(model), special.pad, special.start,
+            special.end,
+        )
+
+        def search(encoder_ids, encoder_mask, budgets, positions):
+            return search_loop(model, encoder_ids, encoder_mask, budgets, ops.shape(positions)[0], settings)
+
+        loops[key] = compile_for_inference(model, search)
+    return loops[key]
 
 
 def decoding_functions(model):

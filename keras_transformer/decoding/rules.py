@@ -1,10 +1,11 @@
 """The rules of beam search (paper section 6.1), written once.
 
 Two searches follow them: `beam.beam_search`, on the host between compiled
-steps, and the SavedModel's `tf.while_loop` (`keras_transformer.export`).
-Each rule here takes arrays of a NumPy-like namespace `xp` (NumPy on the
-host, `tf.experimental.numpy` in the graph), so a rule changes in one place
-and both searches give the same translations.
+steps, and `loop.search_loop`, one loop on the device (for one sentence at
+a time on JAX and TensorFlow, and in the SavedModel). Each rule here takes
+arrays of a NumPy-like namespace `xp` (NumPy on the host, Keras ops in the
+loop), so a rule changes in one place and both searches give the same
+translations.
 
 The rules:
 
@@ -30,6 +31,17 @@ from keras import ops
 LENGTH_PENALTIES = ("gnmt", "length")
 
 
+class KerasOps:
+    """What the rules read of a NumPy-like namespace, from Keras ops: pass
+    `xp=KerasOps` to run a rule on backend tensors."""
+
+    @staticmethod
+    def asarray(x, dtype):
+        return ops.cast(x, dtype)
+
+    minimum = staticmethod(ops.minimum)
+
+
 def check_alpha(alpha):
     """Refuses a length penalty exponent that is not a finite number >= 0.
 
@@ -42,9 +54,9 @@ def check_alpha(alpha):
         raise ValueError(f"alpha (the length penalty exponent) must be a finite number >= 0, got {alpha!r}.")
 
 
-def length_penalty(length, alpha, kind="gnmt", xp=np):
+def length_penalty(length, alpha, kind="gnmt", xp=np, dtype="float64"):
     """lp(Y): GNMT's ((5 + |Y|) / 6) ** alpha (Wu et al., 2016), or
-    |Y| ** alpha for `"length"`, in float64.
+    |Y| ** alpha for `"length"`, in `dtype`.
 
     Example:
 
@@ -53,7 +65,7 @@ def length_penalty(length, alpha, kind="gnmt", xp=np):
     >>> round(float(length_penalty(7, 0.6, "length")), 4)  # 7 ** 0.6
     3.2141
     """
-    length = xp.asarray(length, "float64")
+    length = xp.asarray(length, dtype)
     if kind == "length":
         return length**alpha
     return ((5.0 + length) / 6.0) ** alpha
@@ -118,6 +130,7 @@ def search_is_over(
     alpha,
     kind="gnmt",
     xp=np,
+    dtype="float64",
 ):
     """Rule 5: whether a source with live beams is done before its budget.
 
@@ -138,11 +151,11 @@ def search_is_over(
             `beam_size`-th best finished scores (`-inf` while fewer).
         length: output tokens so far; budget: the source's output budget.
         beam_size, num_results, alpha, kind: the search's settings.
-        xp: the array namespace.
+        xp, dtype: the array namespace, and the scores' float type.
     """
     if kind == "length":
         return (finished_count >= beam_size) & (
-            best_live_log_prob / length_penalty(length, alpha, kind, xp) <= kth_best_score
+            best_live_log_prob / length_penalty(length, alpha, kind, xp, dtype) <= kth_best_score
         )
-    reachable = best_live_log_prob / length_penalty(budget, alpha, kind, xp)
+    reachable = best_live_log_prob / length_penalty(budget, alpha, kind, xp, dtype)
     return (finished_count >= beam_size) | ((finished_count >= num_results) & (nth_best_score >= reachable))

@@ -1,0 +1,148 @@
+"""Beam search as one loop on the device.
+
+`beam.beam_search` runs the rules of `rules.py` on the host, between
+compiled steps: it drops sources that are done from the batch and grows the
+self-attention cache as outputs grow, which pays off for large batches. For
+one sentence at a time the host's round trip at every step costs more than
+the step: this module writes the same rules in Keras ops, inside one
+`keras.ops.while_loop` that JAX and TensorFlow compile whole (`jax.jit`, XLA),
+so that a source goes in and its best hypotheses come out. The SavedModel's
+search (`keras_transformer.export`) is this loop too.
+
+What differs from the host search: every source stays in the batch until
+all are done; the cache holds every position from the start; each source
+keeps its `beam_size` best finished hypotheses, not all of them (the results
+and the stopping rule read only those); and scores are float32 (JAX computes
+in float32 unless told otherwise), not float64, which can only matter for
+hypotheses whose scores tie to 7 digits.
+"""
+
+from keras import ops
+
+from keras_transformer.decoding.rules import KerasOps
+from keras_transformer.decoding.rules import best_extensions
+from keras_transformer.decoding.rules import length_penalty
+from keras_transformer.decoding.rules import search_is_over
+
+
+def search_loop(model, encoder_ids, encoder_mask, budgets, max_length, settings):
+    """Beam search of a batch of sources as one `keras.ops.while_loop`.
+
+    Args:
+        model: a `Seq2SeqDecodingModel`.
+        encoder_ids, encoder_mask: int32 `(batch, source_length)`, every
+            source non-empty.
+        budgets: int32 `(batch,)`, each source's output budget
+            (`rules.output_budget`).
+        max_length: the self-attention cache's positions, more than the
+            largest budget (an int; a scalar tensor in a TensorFlow graph).
+        settings: `(beam_size, num_results, alpha, length_penalty kind,
+            never_output bias, pad id, start id, end id)`.
+
+    Returns:
+        `(token_ids, lengths, scores, log_probs)`, the `num_results` best
+        finished hypotheses of each source, best first: token ids `(batch,
+        num_results, max_length - 1)` (without the end token, padded with
+        zeros beyond `lengths`), and their scores (log P / lp) and
+        log-probabilities, float32.
+    """
+    k, n, alpha, kind, never_output, pad_id, start_id, end_id = settings
+    vocabulary_size = model.backbone.vocabulary_size
+    budgets = ops.convert_to_tensor(budgets, "int32")
+    batch = ops.shape(encoder_ids)[0]
+    width = max_length - 1  # output tokens that fit
+    cross = model.cross_attention_cache(model.encode(encoder_ids, encoder_mask))
+    cross = [(ops.repeat(keys, k, axis=0), ops.repeat(values, k, axis=0)) for keys, values in cross]
+    beam_mask = ops.repeat(encoder_mask, k, axis=0)
+    rank = ops.arange(2 * k, dtype="int32")[None, :]
+    rows = ops.arange(batch, dtype="int32")
+    positions = ops.arange(width, dtype="int32")[None, None, :]
+    never = ops.convert_to_tensor(float("-inf"), "float32")
+
+    def penalty(length):
+        return length_penalty(length, alpha, kind, xp=KerasOps, dtype="float32")
+
+    def along(x, indices):
+        """`x[i, indices[i, j]]` for `x` of `(batch, m)` or `(batch, m, width)`."""
+        if len(ops.shape(x)) == 3:
+            indices = ops.broadcast_to(indices[:, :, None], ops.shape(indices) + (width,))
+        return ops.take_along_axis(x, indices, axis=1)
+
+    def merge_finished(finished, ids, lengths, scores, log_probs):
+        """Keeps the k best finished hypotheses; earlier ones first on ties
+        (`top_k` keeps the lower index first among equal values)."""
+        merged = [ops.concatenate([old, new], axis=1) for old, new in zip(finished, (ids, lengths, scores, log_probs))]
+        _, best = ops.top_k(merged[2], k)
+        return tuple(along(x, best) for x in merged)
+
+    def body(index, tokens, parents, sequences, log_probs, finished, count, done, caches):
+        caches = [(ops.take(keys, parents, axis=0), ops.take(values, parents, axis=0)) for keys, values in caches]
+        logits, cache = model.call_decoder_with_cache(tokens[:, None], index, list(zip(caches, cross)), beam_mask)
+        caches = [self_cache for self_cache, _ in cache]
+        values, flat = best_extensions(logits, log_probs, never_output, 2 * k)
+        flat = ops.cast(flat, "int32")
+        parent, token = flat // vocabulary_size, flat % vocabulary_size
+        length = index + 1
+        usable = ops.isfinite(values) & ~done[:, None]
+        is_end = token == end_id
+
+        # Rule 3: end tokens among the best k finish hypotheses (without
+        # the end token); the best k other extensions stay live.
+        ends = usable & is_end & (rank < k)
+        finished = merge_finished(
+            finished, along(sequences, parent), ops.full(ops.shape(parent), index, "int32"),
+            ops.where(ends, values / penalty(length), never), values,
+        )
+        count = count + ops.sum(ops.cast(ends, "int32"), axis=1)
+        others = usable & ~is_end
+        chosen = others & (ops.cumsum(ops.cast(others, "int32"), axis=1) <= k)
+        # The chosen candidates in rank order, then the others.
+        _, order = ops.top_k(ops.cast(ops.where(chosen, -rank, -2 * k - rank), "float32"), k)
+        live = along(chosen, order)
+        new_log_probs = ops.where(live, along(values, order), never)
+        new_parents = ops.where(live, along(parent, order), 0)
+        new_tokens = ops.where(live, along(token, order), pad_id)
+        sequences = ops.where(positions == index, new_tokens[:, :, None], along(sequences, new_parents))
+
+        # Rule 4: at its budget a source's live beams finish as they are.
+        at_budget = (length >= budgets) & ~done
+        last = live & at_budget[:, None]
+        finished = merge_finished(
+            finished, sequences, ops.full(ops.shape(new_parents), length, "int32"),
+            ops.where(last, new_log_probs / penalty(length), never), new_log_probs,
+        )
+
+        # Rule 5, and sources with nothing live.
+        over = search_is_over(
+            count, ops.max(new_log_probs, axis=1), finished[2][:, n - 1], finished[2][:, k - 1],
+            length, budgets, k, n, alpha, kind, xp=KerasOps, dtype="float32",
+        )
+        done = done | at_budget | (ops.sum(ops.cast(live, "int32"), axis=1) == 0) | over
+        log_probs = ops.where(done[:, None], never, new_log_probs)
+        parents = ops.reshape(rows[:, None] * k + new_parents, (-1,))
+        return (index + 1, ops.reshape(new_tokens, (-1,)), parents, sequences, log_probs, finished, count, done, caches)
+
+    def cond(index, tokens, parents, sequences, log_probs, finished, count, done, caches):
+        return ~ops.all(done)
+
+    # Only the first beam is live at the start: the others would repeat it.
+    first = ops.where(ops.arange(k)[None, :] == 0, ops.zeros((batch, k)), never)
+    state = (
+        ops.convert_to_tensor(0, "int32"),
+        ops.full((batch * k,), start_id, "int32"),
+        ops.arange(batch * k, dtype="int32"),
+        ops.zeros((batch, k, width), "int32"),
+        ops.cast(first, "float32"),
+        (
+            ops.zeros((batch, k, width), "int32"),
+            ops.zeros((batch, k), "int32"),
+            ops.full((batch, k), never, "float32"),
+            ops.full((batch, k), never, "float32"),
+        ),
+        ops.zeros((batch,), "int32"),
+        ops.zeros((batch,), "bool"),
+        [tuple(cache) for cache in model.empty_self_attention_cache(batch * k, max_length)],
+    )
+    final = ops.while_loop(cond, body, state)
+    token_ids, lengths, scores, log_probs = final[5]
+    return token_ids[:, :n], lengths[:, :n], scores[:, :n], log_probs[:, :n]
