@@ -22,7 +22,7 @@ Signatures:
   `(batch,)`) and `scores` (float32 `(batch,)`, log P / lp).
 
 The beam search here is `keras_transformer.decoding.loop.search_loop`, the
-search that `generate` runs for one sentence at a time on JAX and
+search that `generate` runs for a few sentences at a time on JAX and
 TensorFlow: it follows the rules of `keras_transformer.decoding.rules`
 (output budgets, candidates, ranking, stopping), as the host search does, so
 that the SavedModel gives the package's own translations. An empty or blank text

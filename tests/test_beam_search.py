@@ -8,6 +8,7 @@ import pytest
 from keras import ops
 
 from keras_transformer.decoding import greedy_search
+from keras_transformer.decoding.beam import LOOP_BATCH_SIZE
 from keras_transformer.decoding.beam import beam_search
 from keras_transformer.decoding.beam import length_penalty
 from keras_transformer.models import TransformerBackbone
@@ -149,7 +150,7 @@ def test_the_search_in_one_loop_equals_the_host_search(kind):
         assert not all(cut), "some hypotheses should end early"
 
 
-def test_one_sentence_at_a_time_runs_in_one_loop_where_the_backend_compiles_it():
+def test_a_few_sentences_at_a_time_run_in_one_loop_where_the_backend_compiles_it():
     import keras
 
     model = tiny_model(seed=5)
@@ -160,7 +161,7 @@ def test_one_sentence_at_a_time_runs_in_one_loop_where_the_backend_compiles_it()
         assert compiled_loops and getattr(model, "_decoding_functions", None) is None
     else:
         assert not compiled_loops and getattr(model, "_decoding_functions", None) is not None
-    beam_search(model, sources * 2)  # a batch: the host loop
+    beam_search(model, sources * (LOOP_BATCH_SIZE + 1))  # a larger batch: the host loop
     assert getattr(model, "_decoding_functions", None) is not None
 
 

@@ -42,8 +42,10 @@ CACHE_CHUNK = 16
 # Batches of at most this many sources run in one compiled loop where the
 # backend compiles one (`loop.py`): for them the host's round trip at every
 # step costs more than what the host loop saves by dropping finished
-# sources from the batch and growing the cache as outputs grow.
-LOOP_BATCH_SIZE = 1
+# sources from the batch and growing the cache as outputs grow. Measured
+# (beam 4, Multi30k, 2 CPU cores), loop / host: batch 1 1.4x (JAX) and 2.5x
+# (TensorFlow), batch 4 1.1x and 1.6x, batch 16 0.9x and 1.0x.
+LOOP_BATCH_SIZE = 4
 
 
 def pad_sources(sources, pad_id, max_length=None):

@@ -3,7 +3,7 @@
 `beam.beam_search` runs the rules of `rules.py` on the host, between
 compiled steps: it drops sources that are done from the batch and grows the
 self-attention cache as outputs grow, which pays off for large batches. For
-one sentence at a time the host's round trip at every step costs more than
+a few sentences at a time the host's round trip at every step costs more than
 the step: this module writes the same rules in Keras ops, inside one
 `keras.ops.while_loop` that JAX and TensorFlow compile whole (`jax.jit`, XLA),
 so that a source goes in and its best hypotheses come out. The SavedModel's
