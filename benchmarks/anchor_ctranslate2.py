@@ -106,7 +106,8 @@ def ctranslate2_rows(preset, data_dir, batch1, batch64):
     return rows
 
 
-def _processor():
+def processor():
+    """The CPU as `lscpu` names it, its core count, and whether it has AMX."""
     try:
         text = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
     except OSError:
@@ -118,7 +119,7 @@ def _processor():
 def compare(args, script):
     """The table: CTranslate2 float32 and int8, then this package per
     backend, with ratios to CTranslate2 float32."""
-    print(f"processor: {_processor()}; preset {args.preset}; beam {BEAM}, log P / |Y|^{ALPHA}; "
+    print(f"processor: {processor()}; preset {args.preset}; beam {BEAM}, log P / |Y|^{ALPHA}; "
           f"batch 1: {args.batch1_sentences} sentences, batch 64: {args.batch64_sentences}", flush=True)
     print("timing CTranslate2 ...", file=sys.stderr, flush=True)
     rows = ctranslate2_rows(args.preset, args.data_dir, args.batch1_sentences, args.batch64_sentences)

@@ -1,14 +1,16 @@
-"""The exported SavedModel: its size, and its latency beside the package's
-own `generate` on the same machine in the same run.
+"""The exported SavedModel in float32, with int8 weights and in bfloat16:
+its size, speed and BLEU, beside the package's own `generate`, on the same
+machine in the same run.
 
     KERAS_BACKEND=tensorflow python benchmarks/export.py --data-dir PATH/TO/multi30k
 
-Exports a preset (beam 4, alpha 0.6 unless told otherwise), loads it with
-`tf.saved_model.load`, and translates test_2016_flickr sentences one at a
-time (latency per sentence: median and 90th percentile) and in batches of
-64 (sentences per second), then does the same with `model.generate` of the
-backend in use. Prints a markdown table; ratios are SavedModel over
-`generate` (above 1: the SavedModel is faster).
+Exports a preset (beam 4, alpha 0.6 unless told otherwise) in each
+precision, loads it with `tf.saved_model.load`, and translates
+test_2016_flickr sentences one at a time (latency per sentence: median and
+90th percentile) and in batches of 64 (sentences per second; sacreBLEU of
+these translations), then does the same with `model.generate` (float32) of
+the backend in use. Prints a markdown table; the speed ratio is against the
+float32 SavedModel (above 1: faster).
 """
 
 import argparse
@@ -17,8 +19,10 @@ import statistics
 import tempfile
 import time
 
+import sacrebleu
 import tensorflow as tf
 
+from anchor_ctranslate2 import processor  # noqa: E402 (beside this script)
 from keras_transformer.datasets import multi30k
 from keras_transformer.export import export_saved_model
 from keras_transformer.models import TransformerSeq2SeqLM
@@ -48,43 +52,55 @@ def main():
     parser.add_argument("--alpha", type=float, default=0.6)
     parser.add_argument("--single", type=int, default=50, help="sentences translated one at a time")
     parser.add_argument("--batched", type=int, default=256, help="sentences translated in batches of 64")
+    parser.add_argument("--precisions", default="float32,int8,bfloat16",
+                        help="the SavedModels to export: float32, int8 (weights), bfloat16, comma-separated")
     args = parser.parse_args()
 
-    sources, _ = multi30k.load("test_2016_flickr", args.source, args.target, args.data_dir)
+    sources, references = multi30k.load("test_2016_flickr", args.source, args.target, args.data_dir)
     single = [[s] for s in sources[: args.single]]
     batched = [sources[i : i + 64] for i in range(0, args.batched, 64)]
-    export_dir = os.path.join(tempfile.mkdtemp(), "saved_model")
-    start = time.perf_counter()
-    export_saved_model(args.preset, export_dir, beam_size=args.beam_size, alpha=args.alpha)
-    export_seconds = time.perf_counter() - start
-    translate = tf.saved_model.load(export_dir).signatures["serving_default"]
-    model = TransformerSeq2SeqLM.from_preset(args.preset)
     decoding = dict(sampler="greedy") if args.beam_size == 1 else dict(beam_size=args.beam_size, alpha=args.alpha)
+    runs, sizes = {}, {}
+    for precision in args.precisions.split(","):
+        export_dir = os.path.join(tempfile.mkdtemp(), "saved_model")
+        options = {"quantize": "int8"} if precision == "int8" else {"dtype": precision}
+        start = time.perf_counter()
+        export_saved_model(args.preset, export_dir, beam_size=args.beam_size, alpha=args.alpha, **options)
+        name = f"SavedModel {precision}"
+        sizes[name] = f"{directory_size(export_dir) / 2**20:.1f} MiB, exported in {time.perf_counter() - start:.0f} s"
+        signature = tf.saved_model.load(export_dir).signatures["serving_default"]
+        runs[name] = lambda texts, signature=signature: [
+            text.decode("utf-8") for text in signature(text=tf.constant(texts))["translations"].numpy()
+        ]
+    model = TransformerSeq2SeqLM.from_preset(args.preset)
+    runs["generate float32"] = lambda texts: model.generate(texts, batch_size=64, **decoding)
 
-    runs = {
-        "SavedModel": lambda texts: translate(text=tf.constant(texts))["translations"].numpy(),
-        "generate": lambda texts: model.generate(texts, batch_size=64, **decoding),
-    }
     results = {}
     for name, function in runs.items():
         one = timed(function, single)
         many = timed(function, batched)
+        outputs = [output for batch in batched for output in function(batch)]
+        bleu = sacrebleu.corpus_bleu(outputs, [references[: len(outputs)]]).score
         results[name] = (
             statistics.median(one) * 1000,
             sorted(one)[int(0.9 * (len(one) - 1))] * 1000,
             sum(len(b) for b in batched) / sum(many),
+            bleu,
         )
     import keras
 
-    print(f"preset {args.preset}, beam {args.beam_size}, alpha {args.alpha}; generate on {keras.config.backend()}")
-    print(f"SavedModel size: {directory_size(export_dir) / 2**20:.1f} MiB; export took {export_seconds:.0f} s\n")
-    print("| | batch 1: median ms/sentence | batch 1: p90 ms | batch 64: sentences/s |")
-    print("| --- | ---: | ---: | ---: |")
-    for name, (median, p90, rate) in results.items():
-        print(f"| {name} | {median:.0f} | {p90:.0f} | {rate:.1f} |")
-    saved, own = results["SavedModel"], results["generate"]
-    print(f"| SavedModel / generate (speed) | {own[0] / saved[0]:.2f}x | {own[1] / saved[1]:.2f}x | "
-          f"{saved[2] / own[2]:.2f}x |")
+    print(f"processor: {processor()}; preset {args.preset}, "
+          f"beam {args.beam_size}, alpha {args.alpha}; generate on {keras.config.backend()}; "
+          f"{args.single} sentences one at a time, {args.batched} in batches of 64")
+    for name, size in sizes.items():
+        print(f"{name}: {size}")
+    anchor = results[next(iter(results))]
+    print(f"\n| | batch 1: median ms/sentence | batch 1: p90 ms | batch 64: sentences/s | batch 1 speed / {next(iter(results))} "
+          "| batch 64 speed / the same | BLEU |")
+    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: |")
+    for name, (median, p90, rate, bleu) in results.items():
+        print(f"| {name} | {median:.0f} | {p90:.0f} | {rate:.1f} | {anchor[0] / median:.2f}x | {rate / anchor[2]:.2f}x "
+              f"| {bleu:.1f} |")
 
 
 if __name__ == "__main__":

@@ -19,9 +19,10 @@ import os
 import sys
 import warnings
 
+from keras_transformer import cli_formats
 from keras_transformer.utils import arguments
 
-DEFAULT_PRESET = "transformer_multi30k_en_de"
+DEFAULT_PRESET = cli_formats.DEFAULT_PRESET
 # Set to 1 to see the C++ libraries' log lines (see `_quiet_native_logs`).
 NATIVE_LOGS_VARIABLE = "KERAS_TRANSFORMER_NATIVE_LOGS"
 
@@ -125,10 +126,7 @@ def _add_evaluate(subparsers):
 
 
 def _add_precision(p):
-    p.add_argument("--dtype", choices=("float32", "bfloat16", "float16"),
-                   help="compute in this precision (default: the preset's, float32)")
-    p.add_argument("--quantize", choices=("int8",),
-                   help="store the weights in int8 (Keras's quantization): a quarter of the memory")
+    cli_formats.add_precision(p)
     p.add_argument("--ensemble", action="append", default=[], metavar="PRESET", help="also decode with this "
                    "preset (same vocabulary and languages), averaging the models' probabilities; repeatable")
 
@@ -328,74 +326,6 @@ def _presets(args):
             )
 
 
-def _add_export(subparsers):
-    p = subparsers.add_parser(
-        "export",
-        help="Write a TensorFlow SavedModel that translates strings (for TF Serving).",
-        description="Export a preset to a SavedModel: tokenization, the encoder, cached beam search "
-        "and detokenization in one graph, loadable with TensorFlow and tensorflow-text only.",
-    )
-    p.add_argument("output_dir", help="the SavedModel's directory (must be empty or absent)")
-    p.add_argument("--preset", default=DEFAULT_PRESET,
-                   help=f"a preset name or directory (default: {DEFAULT_PRESET})")
-    p.add_argument("--beam-size", type=arguments.positive_int, default=4, help="fixed in the export; 1 decodes greedily (default: 4)")
-    p.add_argument("--alpha", type=arguments.non_negative_float, default=0.6, help="length penalty, fixed in the export (default: 0.6)")
-    p.add_argument("--max-length-offset", type=arguments.positive_int, default=50,
-                   help="at most source length + this many output tokens (default: 50)")
-    p.add_argument("--overwrite", action="store_true", help="replace an earlier export in the output directory")
-
-
-def _export(args):
-    from keras_transformer.export import ExportError
-    from keras_transformer.export import export_saved_model
-
-    try:
-        path = export_saved_model(
-            args.preset, args.output_dir, beam_size=args.beam_size, alpha=args.alpha,
-            max_length_offset=args.max_length_offset, overwrite=args.overwrite,
-        )
-    except ExportError as error:
-        raise SystemExit(f"error: {error}") from None
-    print(f"Wrote the SavedModel to {path}")
-
-
-def _add_convert(subparsers):
-    p = subparsers.add_parser(
-        "convert",
-        help="Convert a Marian (opus-mt) checkpoint into a preset of this package.",
-        description="Read a Marian model as transformers saves it (a directory with config.json, "
-        "model.safetensors or pytorch_model.bin, source.spm, target.spm and vocab.json, or an hf:// "
-        "handle such as hf://Helsinki-NLP/opus-mt-en-de) and save it as a preset directory.",
-    )
-    p.add_argument("source", help="the Marian directory or hf:// handle")
-    p.add_argument("output_dir", help="the preset directory to write")
-
-
-def _convert(args):
-    from keras_transformer.convert import convert_marian
-
-    convert_marian(args.source, args.output_dir)
-    print(f"Wrote the preset to {args.output_dir}")
-
-
-def _add_export_marian(subparsers):
-    p = subparsers.add_parser(
-        "export-marian",
-        help="Write a preset as a transformers Marian directory (for transformers and CTranslate2).",
-    )
-    p.add_argument("output_dir", help="the directory to write (must be empty or absent)")
-    p.add_argument("--preset", default=DEFAULT_PRESET,
-                   help=f"a preset name or directory (default: {DEFAULT_PRESET})")
-    p.add_argument("--overwrite", action="store_true", help="replace the files of an earlier export")
-
-
-def _export_marian(args):
-    from keras_transformer.convert import export_marian
-
-    path = export_marian(args.preset, args.output_dir, overwrite=args.overwrite)
-    print(f"Wrote the Marian model to {path}")
-
-
 def main(argv=None):
     parser = argparse.ArgumentParser(
         prog="keras-transformer",
@@ -407,14 +337,11 @@ def main(argv=None):
     _add_attention(subparsers)
     _add_translate(subparsers)
     _add_presets(subparsers)
-    _add_export(subparsers)
-    _add_convert(subparsers)
-    _add_export_marian(subparsers)
+    format_commands = cli_formats.add_commands(subparsers)
     args = parser.parse_args(argv)
     commands = {
         "train": _train, "evaluate": _evaluate, "attention": _attention,
-        "translate": _translate, "presets": _presets, "export": _export,
-        "convert": _convert, "export-marian": _export_marian,
+        "translate": _translate, "presets": _presets, **format_commands,
     }
     try:
         commands[args.command](args)

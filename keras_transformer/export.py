@@ -57,12 +57,14 @@ SAVED_MODEL_ENTRIES = ("saved_model.pb", "saved_model.pbtxt", "fingerprint.pb", 
 BLANK = r"[\t-\r\x{1c}-\x{1f}\x{85}\p{Z}]*"
 
 
-def export_saved_model(model, export_dir, beam_size=4, alpha=0.6, max_length_offset=50, overwrite=False):
+def export_saved_model(
+    model, export_dir, beam_size=4, alpha=0.6, max_length_offset=50, overwrite=False, dtype=None, quantize=None
+):
     """Writes a SavedModel that translates strings (see the module docstring).
 
     Args:
-        model: a `TransformerSeq2SeqLM` with a preprocessor, or a preset name
-            or directory.
+        model: a `TransformerSeq2SeqLM` with a preprocessor (exported in
+            its own precision), or a preset name or directory.
         export_dir: the SavedModel's directory.
         beam_size: beams per source (1: greedy decoding).
         alpha: length penalty exponent.
@@ -73,6 +75,12 @@ def export_saved_model(model, export_dir, beam_size=4, alpha=0.6, max_length_off
             `assets.extra/`, notes) stay. Without it a non-empty
             `export_dir` is an error and stays as it is; so is one that
             holds no SavedModel, even with it.
+        dtype: for a preset, the precision the SavedModel computes in
+            (`"bfloat16"`, `"float16"`; default: the preset's, float32);
+            weights are stored in it too.
+        quantize: for a preset, `"int8"`: int8 weights with a float scale
+            per output (Keras's `model.quantize("int8")`), a quarter of the
+            float32 SavedModel's variables.
 
     Returns:
         `export_dir`.
@@ -97,6 +105,8 @@ def export_saved_model(model, export_dir, beam_size=4, alpha=0.6, max_length_off
             "every source, a blank one's start and end tokens included, an output token."
         )
     _check_exportable(model)
+    _check_precision(model, dtype, quantize)
+    precision = {"dtype": dtype, "quantize": quantize}
     export_dir = os.path.abspath(os.fspath(export_dir))
     if os.path.isfile(export_dir):
         raise FileExistsError(f"{export_dir!r} is a file; give a directory for the SavedModel.")
@@ -118,10 +128,12 @@ def export_saved_model(model, export_dir, beam_size=4, alpha=0.6, max_length_off
     ) as staging:
         saved_model = os.path.join(staging, "saved_model")
         if keras.config.backend() == "tensorflow":
-            model = _load(model)
+            model = _load(model, **precision)
             _write(model, saved_model, beam_size, alpha, max_length_offset)
         else:
-            _write_in_tensorflow_process(model, saved_model, staging, beam_size, alpha, max_length_offset)
+            _write_in_tensorflow_process(
+                model, saved_model, staging, beam_size, alpha, max_length_offset, **precision
+            )
         # Only what a SavedModel holds is replaced: files the user added
         # beside it (TF Serving's assets.extra/, notes) stay.
         move_into_place(saved_model, export_dir, replaces=SAVED_MODEL_ENTRIES)
@@ -162,15 +174,35 @@ def _check_exportable(model):
         )
 
 
-def _load(model):
+def _check_precision(model, dtype, quantize):
+    from keras_transformer.models import TransformerSeq2SeqLM
+
+    if dtype not in (None, "float32", "bfloat16", "float16"):
+        raise ValueError(f"dtype must be 'float32', 'bfloat16' or 'float16', got {dtype!r}.")
+    if quantize not in (None, "int8"):
+        raise ValueError(f"quantize must be 'int8', got {quantize!r}.")
+    if (dtype or quantize) and isinstance(model, TransformerSeq2SeqLM):
+        raise ValueError(
+            "dtype and quantize apply to a preset, which the export loads in that precision; a model "
+            "object exports in its own precision (load it with from_preset(..., dtype=...) or call "
+            "model.quantize('int8') first)."
+        )
+
+
+def _load(model, dtype=None, quantize=None):
     from keras_transformer.models import TransformerSeq2SeqLM
 
     if isinstance(model, TransformerSeq2SeqLM):
         return model
-    return TransformerSeq2SeqLM.from_preset(model)
+    model = TransformerSeq2SeqLM.from_preset(model, **({"dtype": dtype} if dtype else {}))
+    if quantize:
+        model.quantize(quantize)
+    return model
 
 
-def _write_in_tensorflow_process(model, saved_model, staging, beam_size, alpha, max_length_offset):
+def _write_in_tensorflow_process(
+    model, saved_model, staging, beam_size, alpha, max_length_offset, dtype=None, quantize=None
+):
     from keras_transformer.models import TransformerSeq2SeqLM
 
     if isinstance(model, TransformerSeq2SeqLM):
@@ -182,6 +214,8 @@ def _write_in_tensorflow_process(model, saved_model, staging, beam_size, alpha, 
         sys.executable, "-m", "keras_transformer.export", preset, saved_model,
         "--beam-size", str(beam_size), "--alpha", repr(alpha), "--max-length-offset", str(max_length_offset),
     ]
+    command += ["--dtype", dtype] if dtype else []
+    command += ["--quantize", quantize] if quantize else []
     env = {**os.environ, "KERAS_BACKEND": "tensorflow", "TF_CPP_MIN_LOG_LEVEL": "3"}
     result = subprocess.run(command, env=env, capture_output=True, text=True)
     if result.returncode != 0:
@@ -306,9 +340,11 @@ def main(argv=None):
     parser.add_argument("--beam-size", type=int, default=4)
     parser.add_argument("--alpha", type=float, default=0.6)
     parser.add_argument("--max-length-offset", type=int, default=50)
+    parser.add_argument("--dtype")
+    parser.add_argument("--quantize")
     args = parser.parse_args(argv)
     try:
-        model = _load(args.preset)
+        model = _load(args.preset, args.dtype, args.quantize)
         _write(model, args.export_dir, args.beam_size, args.alpha, args.max_length_offset)
     except Exception as error:
         from keras_transformer.presets import PresetError

@@ -13,8 +13,14 @@ if keras.config.backend() == "jax":
 
     # Many tests build models of the same shapes (a run stopped and resumed,
     # a preset saved and loaded): XLA's persistent cache compiles each
-    # function once per session instead of once per model.
-    jax.config.update("jax_compilation_cache_dir", tempfile.mkdtemp(prefix="xla-cache-"))
+    # function once per session instead of once per model, and once for
+    # the test processes of a run that shares a cache directory
+    # (tests/run_all_backends.sh).
+    shared = os.environ.get("KERAS_TRANSFORMER_TEST_CACHE")
+    if shared:
+        os.makedirs(os.path.join(shared, "xla"), exist_ok=True)
+    cache_dir = os.path.join(shared, "xla") if shared else tempfile.mkdtemp(prefix="xla-cache-")
+    jax.config.update("jax_compilation_cache_dir", cache_dir)
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
     jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
 

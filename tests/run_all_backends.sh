@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Runs the whole test suite (tests/ and the docstring examples of the
 # package) once per Keras backend; stops at the first backend that fails.
+# Tests run in $TEST_WORKERS processes (pytest-xdist; default: 2), a test
+# file's tests in one process, so that its module fixtures are made once.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # Test data that does not depend on the backend (the tiny Marian checkpoint
@@ -12,5 +14,6 @@ fi
 export KERAS_TRANSFORMER_TEST_CACHE
 for backend in ${BACKENDS:-jax tensorflow torch}; do
     echo "=== KERAS_BACKEND=$backend ==="
-    KERAS_BACKEND=$backend python -m pytest -q -p no:cacheprovider tests keras_transformer "$@"
+    KERAS_BACKEND=$backend python -m pytest -q -p no:cacheprovider -n "${TEST_WORKERS:-2}" --dist loadfile \
+        tests keras_transformer "$@"
 done

@@ -43,8 +43,9 @@ CACHE_CHUNK = 16
 # backend compiles one (`loop.py`): for them the host's round trip at every
 # step costs more than what the host loop saves by dropping finished
 # sources from the batch and growing the cache as outputs grow. Measured
-# (beam 4, Multi30k, 2 CPU cores), loop / host: batch 1 1.4x (JAX) and 2.5x
-# (TensorFlow), batch 4 1.1x and 1.6x, batch 16 0.9x and 1.0x.
+# by benchmarks/loop_vs_host.py (beam 4, Multi30k, 2 CPU cores), loop /
+# host: batch 1 1.2-1.4x (JAX) and 2.4x (TensorFlow), batch 4 0.75-1.1x
+# and 1.6x, batch 16 0.8x and 0.9x.
 LOOP_BATCH_SIZE = 4
 
 
