@@ -79,8 +79,8 @@ def export_saved_model(
             (`"bfloat16"`, `"float16"`; default: the preset's, float32);
             weights are stored in it too.
         quantize: for a preset, `"int8"`: int8 weights with a float scale
-            per output (Keras's `model.quantize("int8")`), a quarter of the
-            float32 SavedModel's variables.
+            per output (Keras's `model.quantize("int8")`; the shipped en-de
+            preset's SavedModel: 14 MiB instead of 33).
 
     Returns:
         `export_dir`.
