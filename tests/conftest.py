@@ -31,6 +31,10 @@ def _seed():
     np.random.seed(1234)
 
 
+# A script that the distribution tests run in subprocesses, not a test module
+# (--doctest-modules would import it).
+collect_ignore = ["distributed_worker.py"]
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 

@@ -246,7 +246,7 @@ def test_a_full_disk_is_said_and_leaves_the_preset_as_it_was(preset, monkeypatch
         assert sorted(os.listdir(tmp_path)) == ["preset"]  # nothing left behind
 
 
-def _fake_tensorflow_export(model, saved_model, staging, beam_size, alpha, max_length_offset):
+def _fake_tensorflow_export(model, saved_model, staging, beam_size, alpha, max_length_offset, dtype=None, quantize=None):
     """What the TensorFlow subprocess writes (test_export.py runs the real
     one): the SavedModel's entries, which say their beam size."""
     for name in ("variables", "assets"):
