@@ -78,6 +78,15 @@ def forget_decoding_functions(model):
             setattr(model, attribute, None)
 
 
+class _CompiledLoops:
+    """The compiled search loops of a model, by settings: held in a plain
+    object, since Keras and TensorFlow would track a dict attribute (and
+    refuse to save its non-string keys in a SavedModel)."""
+
+    def __init__(self):
+        self.by_settings = {}
+
+
 def search_loop_function(model, beam_size, num_results, alpha, kind):
     """`loop.search_loop` of `model` with these settings, compiled for the
     backend, made once per model and settings: `search(encoder_ids,
@@ -85,8 +94,8 @@ def search_loop_function(model, beam_size, num_results, alpha, kind):
     log_probs)`; `positions`, any int32 vector, has the length of the
     self-attention cache (so that it is a shape, which compilers see)."""
     if getattr(model, _LOOPS, None) is None:
-        setattr(model, _LOOPS, {})
-    loops = getattr(model, _LOOPS)  # a Keras model keeps a tracked copy of a dict
+        setattr(model, _LOOPS, _CompiledLoops())
+    loops = getattr(model, _LOOPS).by_settings
     key = (beam_size, num_results, float(alpha), kind)
     if key not in loops:
         special = model.special_token_ids
