@@ -69,8 +69,8 @@ class Recompute:
             from keras import ops
 
             from keras_transformer.decoding.compiled import compile_for_inference
-            from keras_transformer.decoding.interface import never_output_bias
             from keras_transformer.decoding.rules import best_extensions
+            from keras_transformer.decoding.rules import never_output_bias
 
             model = self.model
             never_output = never_output_bias(model)

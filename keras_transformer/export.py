@@ -44,7 +44,6 @@ import tensorflow as tf
 import tensorflow_text as tf_text
 
 from keras_transformer.decoding import rules
-from keras_transformer.decoding.interface import never_output_bias
 from keras_transformer.decoding.loop import search_loop
 from keras_transformer.utils.files import move_into_place
 from keras_transformer.utils.files import reporting_full_disk
@@ -273,9 +272,8 @@ class Translator(tf.Module):
         self.alpha = float(alpha)
         self.max_length_offset = max_length_offset
         special = model.special_token_ids
-        self.pad_id, self.start_id, self.end_id = special.pad, special.start, special.end
+        self.pad_id, self.end_id = special.pad, special.end
         self.source_start_id = special.source_start
-        self.never_output = tf.constant(never_output_bias(model))
 
     @tf.function(input_signature=[tf.TensorSpec([None], tf.string, name="text")], autograph=False)
     def translate(self, text):
@@ -321,12 +319,9 @@ class Translator(tf.Module):
         """`decoding.loop.search_loop` (num_results=1, the paper's
         penalty): the best finished hypothesis of each source."""
         max_budget = tf.reduce_max(tf.concat([budgets, [1]], axis=0))  # 1 for an empty batch
-        settings = (
-            self.beam_size, 1, self.alpha, "gnmt", self.never_output, self.pad_id, self.start_id, self.end_id,
-        )
         # The cache holds the start token's position and the longest output.
         token_ids, lengths, scores, _ = search_loop(
-            self._model, encoder_ids, encoder_mask, budgets, max_budget + 1, settings
+            self._model, encoder_ids, encoder_mask, budgets, max_budget + 1, self.beam_size, 1, self.alpha, "gnmt"
         )
         return token_ids[:, 0], lengths[:, 0], scores[:, 0]
 

@@ -11,12 +11,12 @@ from typing import Any
 from typing import Protocol
 from typing import runtime_checkable
 
-import numpy as np
 from keras import ops
 
 from keras_transformer.decoding.compiled import compile_for_inference
 from keras_transformer.decoding.loop import search_loop
 from keras_transformer.decoding.rules import best_extensions
+from keras_transformer.decoding.rules import never_output_bias
 
 
 @runtime_checkable
@@ -56,14 +56,6 @@ class Seq2SeqDecodingModel(Protocol):
         per layer. Returns `(logits (batch, vocabulary_size), cache)`."""
 
 
-def never_output_bias(model):
-    """`(vocabulary_size,)` float32: `-inf` for the tokens that decoding
-    never outputs (padding and start), 0 for the others."""
-    bias = np.zeros(model.backbone.vocabulary_size, "float32")
-    bias[model.special_token_ids.never_output] = -np.inf
-    return bias
-
-
 # The model attributes holding its compiled functions: on the model, so
 # that they go when it goes (they refer to it).
 _ATTRIBUTE = "_decoding_functions"
@@ -98,14 +90,12 @@ def search_loop_function(model, beam_size, num_results, alpha, kind):
     loops = getattr(model, _LOOPS).by_settings
     key = (beam_size, num_results, float(alpha), kind)
     if key not in loops:
-        special = model.special_token_ids
-        settings = (
-            beam_size, num_results, float(alpha), kind, never_output_bias(model), special.pad, special.start,
-            special.end,
-        )
 
         def search(encoder_ids, encoder_mask, budgets, positions):
-            return search_loop(model, encoder_ids, encoder_mask, budgets, ops.shape(positions)[0], settings)
+            return search_loop(
+                model, encoder_ids, encoder_mask, budgets, ops.shape(positions)[0], beam_size, num_results,
+                float(alpha), kind,
+            )
 
         loops[key] = compile_for_inference(model, search)
     return loops[key]

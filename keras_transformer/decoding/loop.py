@@ -22,10 +22,13 @@ from keras import ops
 from keras_transformer.decoding.rules import KerasOps
 from keras_transformer.decoding.rules import best_extensions
 from keras_transformer.decoding.rules import length_penalty
+from keras_transformer.decoding.rules import never_output_bias
 from keras_transformer.decoding.rules import search_is_over
 
 
-def search_loop(model, encoder_ids, encoder_mask, budgets, max_length, settings):
+def search_loop(
+    model, encoder_ids, encoder_mask, budgets, max_length, beam_size, num_results=1, alpha=0.6, kind="gnmt"
+):
     """Beam search of a batch of sources as one `keras.ops.while_loop`.
 
     Args:
@@ -36,8 +39,8 @@ def search_loop(model, encoder_ids, encoder_mask, budgets, max_length, settings)
             (`rules.output_budget`).
         max_length: the self-attention cache's positions, more than the
             largest budget (an int; a scalar tensor in a TensorFlow graph).
-        settings: `(beam_size, num_results, alpha, length_penalty kind,
-            never_output bias, pad id, start id, end id)`.
+        beam_size, num_results, alpha, kind: as `beam.beam_search`'s
+            `beam_size`, `num_results`, `alpha` and `length_penalty`.
 
     Returns:
         `(token_ids, lengths, scores, log_probs)`, the `num_results` best
@@ -46,7 +49,10 @@ def search_loop(model, encoder_ids, encoder_mask, budgets, max_length, settings)
         zeros beyond `lengths`), and their scores (log P / lp) and
         log-probabilities, float32.
     """
-    k, n, alpha, kind, never_output, pad_id, start_id, end_id = settings
+    k, n = beam_size, num_results
+    special = model.special_token_ids
+    pad_id, start_id, end_id = special.pad, special.start, special.end
+    never_output = never_output_bias(model)
     vocabulary_size = model.backbone.vocabulary_size
     budgets = ops.convert_to_tensor(budgets, "int32")
     batch = ops.shape(encoder_ids)[0]

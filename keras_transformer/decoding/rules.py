@@ -91,6 +91,14 @@ def output_budgets(sources, max_length_offset, limit):
     return budgets
 
 
+def never_output_bias(model):
+    """Rule 2's `(vocabulary_size,)` float32 bias: `-inf` for the tokens
+    that decoding never outputs (padding and start), 0 for the others."""
+    bias = np.zeros(model.backbone.vocabulary_size, "float32")
+    bias[model.special_token_ids.never_output] = -np.inf
+    return bias
+
+
 def best_extensions(logits, log_probs, never_output, count):
     """Rule 2: the `count` best one-token extensions of each source's beams.
 

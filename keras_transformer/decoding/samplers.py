@@ -14,7 +14,7 @@ from keras import ops
 
 from keras_transformer.decoding.beam import pad_sources
 from keras_transformer.decoding.beam import round_up
-from keras_transformer.decoding.interface import never_output_bias
+from keras_transformer.decoding.rules import never_output_bias
 from keras_transformer.decoding.rules import output_budgets
 
 
