@@ -133,6 +133,18 @@ def test_dropout_is_active_in_training_only():
     )
 
 
+def test_embedding_dropout_is_part_of_the_functional_model():
+    """Dropout on the sums of embeddings and positional encodings (section
+    5.4) acts in training, with every other dropout off."""
+    backbone = TransformerBackbone(**SMALL, dropout=0.5)
+    for layer in backbone.encoder_layers + backbone.decoder_layers:
+        layer.residual_dropout.rate = 0.0
+    inputs = small_inputs()
+    inference = to_numpy(backbone(inputs)["encoder_sequence_output"])
+    trained = to_numpy(backbone(inputs, training=True)["encoder_sequence_output"])
+    assert not np.allclose(trained, inference)
+
+
 @pytest.mark.parametrize("name", [n for n, row in PAPER_TABLE3.items() if row["params_millions"]])
 def test_parameter_counts_match_table_3(name):
     backbone = TransformerBackbone(vocabulary_size=PAPER_VOCABULARY_SIZE, **PAPER_CONFIGS[name])

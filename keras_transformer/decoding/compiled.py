@@ -5,12 +5,17 @@ op by op, JAX compiles every operation for every new shape and TensorFlow
 pays its eager overhead on each; so each function is compiled whole:
 `jax.jit` (with the model's variables passed in, so that compiled code never
 holds stale weights), `tf.function(jit_compile=True)`, and for PyTorch the
-eager function without autograd (its per-op overhead is small).
+eager function without autograd, its layers called directly
+(`keras_transformer.layers.direct_calls`: Keras' work on each layer call
+cost more than the arithmetic of a step).
 
 This is the one place where decoding looks at the backend.
 """
 
 import keras
+import numpy as np
+
+from keras_transformer.layers.direct_calls import direct_calls
 
 
 def compile_for_inference(model, function):
@@ -43,11 +48,14 @@ def compile_for_inference(model, function):
     if backend == "torch":
         import torch
 
-        def no_grad(*args):
-            with torch.no_grad():
+        def eager(*args):
+            # Scalars as Python numbers: `ops.slice_update` then writes the
+            # cache with plain slicing, not with index tensors.
+            args = [a.item() if isinstance(a, np.ndarray) and a.ndim == 0 else a for a in args]
+            with torch.no_grad(), direct_calls():
                 return function(*args)
 
-        return no_grad
+        return eager
     return function
 
 

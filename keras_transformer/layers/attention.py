@@ -14,6 +14,9 @@ import keras
 import numpy as np
 from keras import ops
 
+from keras_transformer.layers.direct_calls import DirectCall
+from keras_transformer.layers.direct_calls import EinsumDense
+
 
 # Caches hold keys and values head-major, `(batch, heads, positions, d)`:
 # the layout in which attention kernels read them (PyTorch's fused kernel
@@ -67,7 +70,7 @@ def scaled_dot_product_attention(
 
 
 @keras.saving.register_keras_serializable(package="keras_transformer")
-class MultiHeadAttention(keras.layers.Layer):
+class MultiHeadAttention(DirectCall, keras.layers.Layer):
     """Multi-head attention, as in section 3.2.2 of the paper.
 
     Projects queries and keys to `num_heads` heads of `key_dim` (d_k)
@@ -175,7 +178,7 @@ class MultiHeadAttention(keras.layers.Layer):
         return key_dim, value_dim
 
     def _projection(self, name, equation, output_shape, bias_axes):
-        return keras.layers.EinsumDense(
+        return EinsumDense(
             equation,
             output_shape=output_shape,
             bias_axes=bias_axes if self.use_bias else None,

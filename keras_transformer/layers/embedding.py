@@ -12,9 +12,11 @@ import math
 import keras
 from keras import ops
 
+from keras_transformer.layers.direct_calls import DirectCall
+
 
 @keras.saving.register_keras_serializable(package="keras_transformer")
-class SharedTokenEmbedding(keras.layers.ReversibleEmbedding):
+class SharedTokenEmbedding(DirectCall, keras.layers.ReversibleEmbedding):
     """The token embedding shared by source, target and output projection.
 
     Built on `keras.layers.ReversibleEmbedding` with tied weights: called on

@@ -5,11 +5,13 @@
 
 import keras
 
+from keras_transformer.layers.direct_calls import Dense
+from keras_transformer.layers.direct_calls import DirectCall
 from keras_transformer.layers.dropout import apply_dropout
 
 
 @keras.saving.register_keras_serializable(package="keras_transformer")
-class PositionwiseFeedForward(keras.layers.Layer):
+class PositionwiseFeedForward(DirectCall, keras.layers.Layer):
     """Two linear maps with a ReLU between them, applied at every position.
 
     Section 3.3: the inner layer has `d_ff` units (2048 in the base model);
@@ -61,11 +63,11 @@ class PositionwiseFeedForward(keras.layers.Layer):
             bias_initializer=self.bias_initializer,
             dtype=self.dtype_policy,
         )
-        self.inner_dense = keras.layers.Dense(
+        self.inner_dense = Dense(
             self.d_ff, activation=self.activation, name="inner", **dense
         )
         self.inner_dropout = keras.layers.Dropout(self.dropout, dtype=self.dtype_policy)
-        self.output_dense = keras.layers.Dense(d_model, name="output", **dense)
+        self.output_dense = Dense(d_model, name="output", **dense)
         self.inner_dense.build(input_shape)
         self.output_dense.build(tuple(input_shape[:-1]) + (self.d_ff,))
 

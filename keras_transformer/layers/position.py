@@ -12,9 +12,11 @@ serialization names.
 import keras
 import keras_hub
 
+from keras_transformer.layers.direct_calls import DirectCall
+
 
 @keras.saving.register_keras_serializable(package="keras_transformer")
-class SinusoidalPositionEncoding(keras_hub.layers.SinePositionEncoding):
+class SinusoidalPositionEncoding(DirectCall, keras_hub.layers.SinePositionEncoding):
     """The fixed sinusoidal encoding of section 3.5: sine on even, cosine on
     odd dimensions, wavelengths from 2*pi to `max_wavelength` * 2*pi.
 
@@ -40,7 +42,7 @@ class SinusoidalPositionEncoding(keras_hub.layers.SinePositionEncoding):
 
 
 @keras.saving.register_keras_serializable(package="keras_transformer")
-class LearnedPositionEmbedding(keras_hub.layers.PositionEmbedding):
+class LearnedPositionEmbedding(DirectCall, keras_hub.layers.PositionEmbedding):
     """Learned positional embeddings, Table 3 row (E).
 
     Args:

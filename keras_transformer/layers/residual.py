@@ -8,6 +8,8 @@ stack of pre-norm layers needs one final LayerNorm, which the backbone adds.
 import keras
 
 from keras_transformer.layers.attention import MultiHeadAttention
+from keras_transformer.layers.direct_calls import DirectCall
+from keras_transformer.layers.direct_calls import LayerNormalization
 from keras_transformer.layers.dropout import apply_dropout
 from keras_transformer.layers.feed_forward import PositionwiseFeedForward
 
@@ -28,7 +30,7 @@ def residual_connection(x, sublayer, norm, dropout, normalize_first, training=No
     return norm(x + apply_dropout(dropout, sublayer(x), training))
 
 
-class TransformerLayerBase(keras.layers.Layer):
+class TransformerLayerBase(DirectCall, keras.layers.Layer):
     """What the encoder and decoder layers share: their hyper-parameters, how
     they make sub-layers, and the residual connection around each one.
 
@@ -98,7 +100,7 @@ class TransformerLayerBase(keras.layers.Layer):
         return layer
 
     def _layer_norm(self, name, input_shape):
-        layer = keras.layers.LayerNormalization(
+        layer = LayerNormalization(
             epsilon=self.layer_norm_epsilon, dtype=self.dtype_policy, name=name
         )
         layer.build(input_shape)

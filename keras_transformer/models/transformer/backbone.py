@@ -5,6 +5,8 @@ import keras
 import keras_hub
 
 from keras_transformer.layers.decoder import TransformerDecoderLayer
+from keras_transformer.layers.direct_calls import Dropout
+from keras_transformer.layers.direct_calls import LayerNormalization
 from keras_transformer.layers.embedding import SharedTokenEmbedding
 from keras_transformer.layers.encoder import TransformerEncoderLayer
 from keras_transformer.layers.position import LearnedPositionEmbedding
@@ -137,10 +139,10 @@ class TransformerBackbone(PresetIO, keras_hub.models.Backbone):
                 LearnedPositionEmbedding(max_sequence_length, dtype=dtype, name=f"{side}_position_embedding")
                 for side in ("encoder", "decoder")
             )
-        self.encoder_embeddings_dropout = keras.layers.Dropout(
+        self.encoder_embeddings_dropout = Dropout(
             dropout, dtype=dtype, name="encoder_embeddings_dropout"
         )
-        self.decoder_embeddings_dropout = keras.layers.Dropout(
+        self.decoder_embeddings_dropout = Dropout(
             dropout, dtype=dtype, name="decoder_embeddings_dropout"
         )
         layer_kwargs = dict(
@@ -166,7 +168,7 @@ class TransformerBackbone(PresetIO, keras_hub.models.Backbone):
         self.encoder_norm = self.decoder_norm = None
         if normalize_first:
             self.encoder_norm, self.decoder_norm = (
-                keras.layers.LayerNormalization(
+                LayerNormalization(
                     epsilon=layer_norm_epsilon, dtype=dtype, name=f"{side}_norm"
                 )
                 for side in ("encoder", "decoder")

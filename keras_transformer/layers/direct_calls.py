@@ -1,0 +1,105 @@
+"""Calling built layers without Keras' per-call work, for decoding on PyTorch.
+
+`keras.layers.Layer.__call__` does more than run the layer's `call`: it
+converts and checks the inputs, binds them to the call signature, resolves
+`training` and masks from the calls around it, and opens a name scope and an
+autocast scope. A decoding step of this package's models calls about fifty
+layers, each for a few small matrix products. JAX and TensorFlow trace that
+work once into compiled code; PyTorch runs eagerly and pays it on every call,
+and it took longer than the arithmetic (one sentence at a time, beam 4:
+about 1.6x the time of the same step with direct calls).
+
+Inside `direct_calls()`, the layers of this package (and the Keras layers
+they hold, from the subclasses below) run `call` directly, or
+`quantized_call` once quantized, as `Layer.__call__` would, where doing so
+changes nothing:
+
+- the layer is built (so no `build` is due);
+- it computes in the dtype of its variables (so no autocast scope is due;
+  a mixed-precision layer takes the full `__call__`);
+- the caller passes tensors of the right dtypes and `training` explicitly,
+  and reads no Keras masks, as this package's decoding does.
+
+Keras offers no such path; it is kept here, small and opt-in, rather than
+patching `keras.layers.Layer`. Decoding on PyTorch enters it
+(`keras_transformer.decoding.compiled`).
+"""
+
+import contextlib
+import threading
+
+import keras
+
+_state = threading.local()
+
+
+@contextlib.contextmanager
+def direct_calls():
+    """Within this context (in this thread), built layers of this package
+    run `call` directly (see the module docstring).
+
+    Example:
+
+    >>> import numpy as np
+    >>> layer = Dense(4)
+    >>> x = np.ones((2, 3), "float32")
+    >>> expected = keras.ops.convert_to_numpy(layer(x))
+    >>> with direct_calls():
+    ...     direct = keras.ops.convert_to_numpy(layer(keras.ops.convert_to_tensor(x)))
+    >>> bool(np.allclose(direct, expected))
+    True
+    """
+    previous = getattr(_state, "active", False)
+    _state.active = True
+    try:
+        yield
+    finally:
+        _state.active = previous
+
+
+class DirectCall:
+    """Mixin for `keras.layers.Layer` subclasses: inside `direct_calls()`,
+    calling the layer runs its `call` (or `quantized_call`) directly when
+    that is what `Layer.__call__` would run; otherwise `Layer.__call__`."""
+
+    def __call__(self, *args, **kwargs):
+        if getattr(_state, "active", False) and self.built and self.compute_dtype == self.variable_dtype:
+            if self.quantization_mode is not None:
+                return self.quantized_call(*args, **kwargs)
+            return self.call(*args, **kwargs)
+        return super().__call__(*args, **kwargs)
+
+
+# The Keras layers this package's layers hold, with the mixin. They add no
+# weights and no configuration: saved weights and presets are unchanged.
+
+
+@keras.saving.register_keras_serializable(package="keras_transformer")
+class Dense(DirectCall, keras.layers.Dense):
+    """`keras.layers.Dense` that honours `direct_calls()`."""
+
+    def quantize(self, mode=None, type_check=True, config=None):
+        # Keras quantizes subclasses only when they opt in; this one changes
+        # how the layer is called, not what it computes.
+        super().quantize(mode, type_check=False, config=config)
+
+
+@keras.saving.register_keras_serializable(package="keras_transformer")
+class EinsumDense(DirectCall, keras.layers.EinsumDense):
+    """`keras.layers.EinsumDense` that honours `direct_calls()`."""
+
+    def quantize(self, mode=None, type_check=True, config=None):
+        # Keras quantizes subclasses only when they opt in; this one changes
+        # how the layer is called, not what it computes.
+        super().quantize(mode, type_check=False, config=config)
+
+
+@keras.saving.register_keras_serializable(package="keras_transformer")
+class LayerNormalization(DirectCall, keras.layers.LayerNormalization):
+    """`keras.layers.LayerNormalization` that honours `direct_calls()`."""
+
+
+@keras.saving.register_keras_serializable(package="keras_transformer")
+class Dropout(DirectCall, keras.layers.Dropout):
+    """`keras.layers.Dropout` that honours `direct_calls()` (its `call`
+    returns the input unless `training` is true)."""

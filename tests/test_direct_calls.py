@@ -1,0 +1,105 @@
+"""Direct layer calls (`keras_transformer.layers.direct_calls`), which
+decoding uses on PyTorch: the numbers of Keras' full `Layer.__call__`,
+without its work on each call."""
+
+import keras
+import numpy as np
+import pytest
+
+from keras_transformer.decoding import beam_search
+from keras_transformer.layers.direct_calls import direct_calls
+from keras_transformer.models import TransformerBackbone
+from keras_transformer.models import TransformerSeq2SeqLM
+
+from helpers import to_numpy
+
+VOCABULARY = 40
+SOURCES = np.array([[1, 5, 6, 7, 8, 2], [1, 9, 10, 2, 0, 0]], "int32")
+TARGET_PREFIX = [[1, 1], [11, 12], [13, 2]]  # tokens of both rows, a step each
+
+
+def _model(variant):
+    overrides = {
+        "normalize_first": dict(normalize_first=True),
+        "learned_positions": dict(position_encoding="learned"),
+        "bfloat16": dict(dtype="bfloat16"),
+        "mixed_bfloat16": dict(dtype="mixed_bfloat16"),
+    }.get(variant, {})
+    backbone = TransformerBackbone(
+        VOCABULARY, num_layers=2, d_model=32, d_ff=64, num_heads=4, dropout=0.1, max_sequence_length=32,
+        **overrides,
+    )
+    model = TransformerSeq2SeqLM(backbone)
+    if variant == "int8":
+        model.quantize("int8")
+    return model
+
+
+def _cached_steps(model):
+    """The logits of three cached decoding steps, as the searches run them."""
+    mask = SOURCES != 0
+    cross = model.cross_attention_cache(model.encode(SOURCES, mask))
+    cache = list(zip(model.empty_self_attention_cache(len(SOURCES), 8), cross))
+    logits = []
+    for index, tokens in enumerate(TARGET_PREFIX):
+        step_logits, cache = model.call_decoder_with_cache(np.array(tokens, "int32")[:, None], index, cache, mask)
+        logits.append(to_numpy(keras.ops.cast(step_logits, "float32")))
+    return np.stack(logits)
+
+
+@pytest.fixture
+def layer_calls(monkeypatch):
+    """The class names of the layers that go through `Layer.__call__`."""
+    calls = []
+    original = keras.layers.Layer.__call__
+
+    def counting(self, *args, **kwargs):
+        calls.append(type(self).__name__)
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(keras.layers.Layer, "__call__", counting)
+    return calls
+
+
+@pytest.mark.parametrize(
+    "variant", ["float32", "normalize_first", "learned_positions", "bfloat16", "int8", "mixed_bfloat16"]
+)
+def test_direct_calls_give_the_logits_of_keras_calls(variant, layer_calls):
+    model = _model(variant)
+    layer_calls.clear()
+    expected = _cached_steps(model)
+    keras_calls = list(layer_calls)
+    layer_calls.clear()
+    with direct_calls():
+        direct = _cached_steps(model)
+    np.testing.assert_array_equal(direct, expected)
+    assert np.abs(expected).max() > 0.1 and np.isfinite(expected).all()
+    # Every layer of a step is called directly, except where the dtypes are
+    # mixed: there only `Layer.__call__` opens the autocast scope.
+    assert len(keras_calls) > 50
+    assert layer_calls == (keras_calls if variant == "mixed_bfloat16" else [])
+
+
+def test_direct_calls_end_with_their_context_and_stay_in_their_thread(layer_calls):
+    import threading
+
+    model = _model("float32")
+    with direct_calls():
+        in_thread = []
+        worker = threading.Thread(target=lambda: in_thread.append(_cached_steps(model)))
+        worker.start()
+        worker.join()
+    assert len(layer_calls) > 50  # the other thread called through Keras
+    layer_calls.clear()
+    _cached_steps(model)
+    assert len(layer_calls) > 50
+
+
+@pytest.mark.skipif(keras.config.backend() != "torch", reason="decoding calls layers directly on PyTorch only")
+def test_beam_search_on_pytorch_calls_no_layer_through_keras(layer_calls):
+    model = _model("float32")
+    expected = beam_search(model, [SOURCES[0, :5].tolist()], beam_size=3, max_length_offset=6)
+    layer_calls.clear()
+    again = beam_search(model, [SOURCES[0, :5].tolist()], beam_size=3, max_length_offset=6)
+    assert again == expected and expected[0][0][0]
+    assert layer_calls == []
