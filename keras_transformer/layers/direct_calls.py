@@ -6,8 +6,9 @@ converts and checks the inputs, binds them to the call signature, resolves
 autocast scope. A decoding step of this package's models calls about fifty
 layers, each for a few small matrix products. JAX and TensorFlow trace that
 work once into compiled code; PyTorch runs eagerly and pays it on every call,
-and it took longer than the arithmetic (one sentence at a time, beam 4:
-about 1.6x the time of the same step with direct calls).
+and it took longer than the arithmetic: with direct calls, PyTorch
+translates one sentence at a time (beam 4) 1.95x as fast, and 64 at a time
+1.44x (docs/benchmarks.md).
 
 Inside `direct_calls()`, the layers of this package (and the Keras layers
 they hold, from the subclasses below) run `call` directly, or
