@@ -24,14 +24,19 @@ def _model(variant):
         "learned_positions": dict(position_encoding="learned"),
         "bfloat16": dict(dtype="bfloat16"),
         "mixed_bfloat16": dict(dtype="mixed_bfloat16"),
+        # d_k != d_v: attention through equation (1), not the fused kernel.
+        "value_dim": dict(key_dim=8, value_dim=16),
+        "output_bias": dict(output_bias=True),
     }.get(variant, {})
     backbone = TransformerBackbone(
         VOCABULARY, num_layers=2, d_model=32, d_ff=64, num_heads=4, dropout=0.1, max_sequence_length=32,
         **overrides,
     )
     model = TransformerSeq2SeqLM(backbone)
-    if variant == "int8":
-        model.quantize("int8")
+    if variant in ("int8", "int4"):
+        model.quantize(variant)
+    if variant == "output_bias":
+        model.backbone.token_embedding.logits_bias.assign(np.linspace(-2, 2, VOCABULARY).astype("float32"))
     return model
 
 
@@ -62,7 +67,9 @@ def layer_calls(monkeypatch):
 
 
 @pytest.mark.parametrize(
-    "variant", ["float32", "normalize_first", "learned_positions", "bfloat16", "int8", "mixed_bfloat16"]
+    "variant",
+    ["float32", "normalize_first", "learned_positions", "value_dim", "output_bias", "bfloat16", "int8", "int4",
+     "mixed_bfloat16"],
 )
 def test_direct_calls_give_the_logits_of_keras_calls(variant, layer_calls):
     model = _model(variant)
@@ -84,22 +91,56 @@ def test_direct_calls_end_with_their_context_and_stay_in_their_thread(layer_call
     import threading
 
     model = _model("float32")
+    expected = _cached_steps(model)
+    layer_calls.clear()
+    in_thread = []
     with direct_calls():
-        in_thread = []
         worker = threading.Thread(target=lambda: in_thread.append(_cached_steps(model)))
         worker.start()
         worker.join()
+    np.testing.assert_array_equal(in_thread[0], expected)
     assert len(layer_calls) > 50  # the other thread called through Keras
     layer_calls.clear()
+    with pytest.raises(RuntimeError):
+        with direct_calls():
+            with direct_calls():
+                pass
+            assert _cached_steps(model).shape == expected.shape and layer_calls == []  # still direct
+            raise RuntimeError("leaves the context")
     _cached_steps(model)
     assert len(layer_calls) > 50
 
 
+def test_an_open_autocast_scope_takes_the_full_call():
+    """A float32 layer inside another layer's autocast scope: only
+    `Layer.__call__` switches the scope back to the layer's dtype."""
+    from keras.src.backend import AutocastScope
+
+    from keras_transformer.layers.direct_calls import Dense
+
+    layer = Dense(8)
+    x = keras.ops.convert_to_tensor(np.random.normal(size=(3, 16)).astype("float32"))
+    expected = to_numpy(layer(x))
+    with AutocastScope("bfloat16"), direct_calls():
+        np.testing.assert_array_equal(to_numpy(layer(x)), expected)
+
+
 @pytest.mark.skipif(keras.config.backend() != "torch", reason="decoding calls layers directly on PyTorch only")
-def test_beam_search_on_pytorch_calls_no_layer_through_keras(layer_calls):
+def test_beam_search_on_pytorch_calls_no_layer_through_keras(layer_calls, monkeypatch):
+    import contextlib
+
+    from keras_transformer.decoding import compiled
+
     model = _model("float32")
-    expected = beam_search(model, [SOURCES[0, :5].tolist()], beam_size=3, max_length_offset=6)
+    sources = [SOURCES[0, :5].tolist(), SOURCES[1, :3].tolist()]
+    with monkeypatch.context() as keras_calls:
+        keras_calls.setattr(compiled, "direct_calls", contextlib.nullcontext)
+        expected = beam_search(model, sources, beam_size=3, num_results=2, max_length_offset=6)
+    assert len(layer_calls) > 100
     layer_calls.clear()
-    again = beam_search(model, [SOURCES[0, :5].tolist()], beam_size=3, max_length_offset=6)
-    assert again == expected and expected[0][0][0]
+    direct = beam_search(model, sources, beam_size=3, num_results=2, max_length_offset=6)
     assert layer_calls == []
+    assert len({tuple(ids) for result in expected for ids, _, _ in result}) > 1
+    for got, want in zip(direct, expected):
+        assert [ids for ids, _, _ in got] == [ids for ids, _, _ in want]
+        np.testing.assert_allclose([score for _, score, _ in got], [score for _, score, _ in want], rtol=1e-6)

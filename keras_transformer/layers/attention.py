@@ -15,6 +15,7 @@ import numpy as np
 from keras import ops
 
 from keras_transformer.layers.direct_calls import DirectCall
+from keras_transformer.layers.direct_calls import Dropout
 from keras_transformer.layers.direct_calls import EinsumDense
 
 
@@ -161,7 +162,7 @@ class MultiHeadAttention(DirectCall, keras.layers.Layer):
         self.use_bias = use_bias
         self.kernel_initializer = keras.initializers.get(kernel_initializer)
         self.bias_initializer = keras.initializers.get(bias_initializer)
-        self.dropout_layer = keras.layers.Dropout(self.dropout, dtype=self.dtype_policy)
+        self.dropout_layer = Dropout(self.dropout, dtype=self.dtype_policy)
         self.supports_masking = False
 
     def _head_dims(self, d_model):

@@ -16,10 +16,12 @@ they hold, from the subclasses below) run `call` directly, or
 changes nothing:
 
 - the layer is built (so no `build` is due);
-- it computes in the dtype of its variables (so no autocast scope is due;
-  a mixed-precision layer takes the full `__call__`);
+- it computes in the dtype of its variables, and no Keras autocast scope
+  is open (so none is due; a mixed-precision layer takes the full
+  `__call__`);
 - the caller passes tensors of the right dtypes and `training` explicitly,
-  and reads no Keras masks, as this package's decoding does.
+  reads no Keras masks and registers no PyTorch forward hooks (which only
+  `__call__` runs), as this package's decoding does.
 
 Keras offers no such path; it is kept here, small and opt-in, rather than
 patching `keras.layers.Layer`. Decoding on PyTorch enters it
@@ -30,6 +32,9 @@ import contextlib
 import threading
 
 import keras
+
+# Keras has no public accessor for the autocast scope its layer calls open.
+from keras.src.backend import get_autocast_scope
 
 _state = threading.local()
 
@@ -64,7 +69,12 @@ class DirectCall:
     that is what `Layer.__call__` would run; otherwise `Layer.__call__`."""
 
     def __call__(self, *args, **kwargs):
-        if getattr(_state, "active", False) and self.built and self.compute_dtype == self.variable_dtype:
+        if (
+            getattr(_state, "active", False)
+            and self.built
+            and self.compute_dtype == self.variable_dtype
+            and get_autocast_scope() is None
+        ):
             if self.quantization_mode is not None:
                 return self.quantized_call(*args, **kwargs)
             return self.call(*args, **kwargs)

@@ -7,6 +7,7 @@ import keras
 
 from keras_transformer.layers.direct_calls import Dense
 from keras_transformer.layers.direct_calls import DirectCall
+from keras_transformer.layers.direct_calls import Dropout
 from keras_transformer.layers.dropout import apply_dropout
 
 
@@ -66,7 +67,7 @@ class PositionwiseFeedForward(DirectCall, keras.layers.Layer):
         self.inner_dense = Dense(
             self.d_ff, activation=self.activation, name="inner", **dense
         )
-        self.inner_dropout = keras.layers.Dropout(self.dropout, dtype=self.dtype_policy)
+        self.inner_dropout = Dropout(self.dropout, dtype=self.dtype_policy)
         self.output_dense = Dense(d_model, name="output", **dense)
         self.inner_dense.build(input_shape)
         self.output_dense.build(tuple(input_shape[:-1]) + (self.d_ff,))

@@ -9,6 +9,7 @@ import keras
 
 from keras_transformer.layers.attention import MultiHeadAttention
 from keras_transformer.layers.direct_calls import DirectCall
+from keras_transformer.layers.direct_calls import Dropout
 from keras_transformer.layers.direct_calls import LayerNormalization
 from keras_transformer.layers.dropout import apply_dropout
 from keras_transformer.layers.feed_forward import PositionwiseFeedForward
@@ -73,7 +74,7 @@ class TransformerLayerBase(DirectCall, keras.layers.Layer):
         self.normalize_first = bool(normalize_first)
         self.layer_norm_epsilon = float(layer_norm_epsilon)
         self.kernel_initializer = keras.initializers.get(kernel_initializer)
-        self.residual_dropout = keras.layers.Dropout(self.dropout, dtype=self.dtype_policy)
+        self.residual_dropout = Dropout(self.dropout, dtype=self.dtype_policy)
 
     def _attention(self, name, query_shape, value_shape):
         layer = MultiHeadAttention(
