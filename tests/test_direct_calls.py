@@ -20,13 +20,11 @@ TARGET_PREFIX = [[1, 1], [11, 12], [13, 2]]  # tokens of both rows, a step each
 
 def _model(variant):
     overrides = {
-        "normalize_first": dict(normalize_first=True),
-        "learned_positions": dict(position_encoding="learned"),
+        # d_k != d_v: attention through equation (1), not the fused kernel.
+        "pre_norm_and_value_dim": dict(normalize_first=True, key_dim=8, value_dim=16),
+        "learned_positions_and_bias": dict(position_encoding="learned", output_bias=True),
         "bfloat16": dict(dtype="bfloat16"),
         "mixed_bfloat16": dict(dtype="mixed_bfloat16"),
-        # d_k != d_v: attention through equation (1), not the fused kernel.
-        "value_dim": dict(key_dim=8, value_dim=16),
-        "output_bias": dict(output_bias=True),
     }.get(variant, {})
     backbone = TransformerBackbone(
         VOCABULARY, num_layers=2, d_model=32, d_ff=64, num_heads=4, dropout=0.1, max_sequence_length=32,
@@ -35,7 +33,7 @@ def _model(variant):
     model = TransformerSeq2SeqLM(backbone)
     if variant in ("int8", "int4"):
         model.quantize(variant)
-    if variant == "output_bias":
+    if variant == "learned_positions_and_bias":
         model.backbone.token_embedding.logits_bias.assign(np.linspace(-2, 2, VOCABULARY).astype("float32"))
     return model
 
@@ -68,8 +66,7 @@ def layer_calls(monkeypatch):
 
 @pytest.mark.parametrize(
     "variant",
-    ["float32", "normalize_first", "learned_positions", "value_dim", "output_bias", "bfloat16", "int8", "int4",
-     "mixed_bfloat16"],
+    ["float32", "pre_norm_and_value_dim", "learned_positions_and_bias", "bfloat16", "int8", "int4", "mixed_bfloat16"],
 )
 def test_direct_calls_give_the_logits_of_keras_calls(variant, layer_calls):
     model = _model(variant)
