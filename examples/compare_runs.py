@@ -26,20 +26,18 @@ from keras_transformer.models import TransformerBackbone
 from keras_transformer.models import TransformerSeq2SeqLM
 from keras_transformer.models import TransformerSeq2SeqLMPreprocessor
 from keras_transformer.models import TransformerTokenizer
-from keras_transformer.schedules import paper_optimizer
 
 
 def run_model(run_dir):
-    """The float32 model of a training run's architecture and tokenizer,
-    compiled as in training. Its checkpoints hold the optimizer's state
-    too, which translating does not need (Keras warns that it skips it)."""
+    """The float32 model of a training run's architecture and tokenizer.
+    Its checkpoints hold the optimizer's state too, which translating does
+    not need (Keras warns that it skips it)."""
     with open(os.path.join(run_dir, "run.json")) as f:
         run = json.load(f)
     tokenizer = TransformerTokenizer(proto=os.path.join(run_dir, "tokenizer.spm"))
     backbone = TransformerBackbone(vocabulary_size=tokenizer.vocabulary_size(), **run["backbone"])
     length = run["backbone"]["max_sequence_length"]
     model = TransformerSeq2SeqLM(backbone, TransformerSeq2SeqLMPreprocessor(tokenizer, length, length))
-    model.compile(optimizer=paper_optimizer(backbone.d_model, run["warmup_steps"]))
     return model, run
 
 
