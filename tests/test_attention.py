@@ -132,3 +132,38 @@ def test_mask_of_wrong_shape_is_refused():
 def test_config_round_trip():
     layer = MultiHeadAttention(num_heads=4, key_dim=16, value_dim=8, dropout=0.1, name="mha")
     assert_config_round_trip(layer)
+
+
+@pytest.mark.parametrize("key_dim,value_dim,dropout", [(None, None, 0.0), (4, 12, 0.0), (None, None, 0.5)])
+def test_mixed_precision_attends_in_float32(key_dim, value_dim, dropout, monkeypatch):
+    """Under mixed_bfloat16 equation (1) runs in float32 (fused or not, with
+    attention dropout too), and the layer returns bfloat16 like its
+    projections; a bfloat16 layer attends in bfloat16."""
+    import keras
+
+    seen = []
+    fused = keras.ops.dot_product_attention
+
+    def spy(query, key, value, **kwargs):
+        seen.append(keras.backend.standardize_dtype(query.dtype))
+        return fused(query, key, value, **kwargs)
+
+    monkeypatch.setattr(keras.ops, "dot_product_attention", spy)
+    query = np.random.normal(size=(2, 5, 32)).astype("float32")
+    reference = MultiHeadAttention(num_heads=4, key_dim=key_dim, value_dim=value_dim)
+    reference(query, query)
+    random_bias(reference)
+    for policy, attends_in in [("mixed_bfloat16", "float32"), ("bfloat16", "bfloat16")]:
+        layer = MultiHeadAttention(num_heads=4, key_dim=key_dim, value_dim=value_dim, dropout=dropout, dtype=policy)
+        layer(query, query)
+        layer.set_weights(reference.get_weights())
+        output, weights = layer(query, query, use_causal_mask=True, return_attention_scores=True, training=bool(dropout))
+        assert keras.backend.standardize_dtype(output.dtype) == "bfloat16"
+        assert keras.backend.standardize_dtype(weights.dtype) == attends_in
+        seen.clear()
+        output = layer(query, query, use_causal_mask=True, training=bool(dropout))
+        assert seen == ([attends_in] if key_dim is None and not dropout else [])
+        if not dropout:
+            expected, _ = numpy_multi_head_attention(reference, query, query, causal=True)
+            # bfloat16 keeps 8 significant bits: about 0.4% of each value.
+            np.testing.assert_allclose(to_numpy(output).astype("float32"), expected, atol=0.1, rtol=0.05)

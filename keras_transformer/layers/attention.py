@@ -11,7 +11,7 @@ softmax (section 3.2.3), so they receive exactly zero weight.
 import math
 
 import keras
-import numpy as np
+import ml_dtypes
 from keras import ops
 
 from keras_transformer.layers.direct_calls import DirectCall
@@ -35,7 +35,8 @@ def _mask_value(dtype):
     # exp(mask_value - row_max) is exactly 0 for any row holding a real score,
     # and a row where everything is masked (an all-padding sequence) averages
     # uniformly instead of producing NaN.
-    return float(np.finfo(keras.backend.standardize_dtype(dtype)).min)
+    # (ml_dtypes, which Keras depends on, knows bfloat16; NumPy does not.)
+    return float(ml_dtypes.finfo(keras.backend.standardize_dtype(dtype)).min)
 
 
 def scaled_dot_product_attention(
@@ -66,7 +67,8 @@ def scaled_dot_product_attention(
     # The softmax runs in float32 even under mixed precision.
     weights = ops.cast(ops.softmax(ops.cast(scores, "float32"), axis=-1), value.dtype)
     if dropout is not None:
-        weights = dropout(weights, training=training)
+        # (A mixed-precision dropout layer returns its compute dtype.)
+        weights = ops.cast(dropout(weights, training=training), value.dtype)
     return ops.einsum("bnts,bsnh->btnh", weights, value), weights
 
 
@@ -235,21 +237,41 @@ class MultiHeadAttention(DirectCall, keras.layers.Layer):
             and not return_attention_scores
             and (self.dropout == 0.0 or not training)
         )
-        if fused:
-            heads = ops.dot_product_attention(
-                query_heads, key_heads, value_heads, mask=mask
-            )
-            weights = None
-        else:
-            heads, weights = scaled_dot_product_attention(
-                query_heads, key_heads, value_heads, mask, self.dropout_layer, training
-            )
+        heads, weights = self._attend(query_heads, key_heads, value_heads, mask, fused, training)
         outputs = [self.output_dense(heads)]
         if return_attention_scores:
             outputs.append(weights)
         if cache is not None:
             outputs.append(cache)
         return outputs[0] if len(outputs) == 1 else tuple(outputs)
+
+    def _attend(self, query_heads, key_heads, value_heads, mask, fused, training):
+        """Equation (1) on the projected heads: `(heads, weights or None)`.
+
+        Under mixed precision (float32 weights, bfloat16 or float16
+        computation) it runs in float32, as the softmax does in every
+        precision, and the heads return in the compute dtype. That costs
+        little: a token's attention takes 2 * length * d_model
+        multiply-adds, its four projections 4 * d_model^2 (and the
+        feed-forward network 2 * d_model * d_ff). And it saves much where a
+        backend's low-precision
+        kernel is slow: PyTorch's CPU flash-attention backward took ten
+        times as long in bfloat16 as in float32 (49 against 5 ms a call;
+        d_model 256, 4,096-token batches), which made mixed-precision
+        training slower than float32 there.
+        """
+        mixed = self.compute_dtype != self.variable_dtype
+        if mixed:
+            query_heads, key_heads, value_heads = (
+                ops.cast(x, self.variable_dtype) for x in (query_heads, key_heads, value_heads)
+            )
+        if fused:
+            heads, weights = ops.dot_product_attention(query_heads, key_heads, value_heads, mask=mask), None
+        else:
+            heads, weights = scaled_dot_product_attention(
+                query_heads, key_heads, value_heads, mask, self.dropout_layer, training
+            )
+        return (ops.cast(heads, self.compute_dtype) if mixed else heads), weights
 
     def _project(self, value, key=None):
         """K W^K and V W^V, `(batch, source_length, num_heads, d_k | d_v)`."""
