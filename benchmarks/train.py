@@ -263,6 +263,7 @@ def run_worker(kind, backend, args, with_keras_hub=True):
     command = [
         sys.executable, __file__, "--worker", kind, "--data-dir", args.data_dir, "--steps", str(args.steps),
         "--model", args.model, "--dtype", args.dtype, *([] if with_keras_hub else ["--no-keras-hub"]),
+        *(["--system-malloc"] if args.system_malloc else []),
     ]
     output = subprocess.run(command, env=env, check=True, capture_output=True, text=True).stdout
     return json.loads(output.strip().splitlines()[-1])
@@ -276,11 +277,20 @@ def main():
     parser.add_argument("--model", choices=sorted(MODELS), default="small", help="small: 3+3 layers, d_model 256; base: 6+6, 512")
     parser.add_argument("--dtype", default="float32,mixed_bfloat16", help="comma-separated: float32, mixed_bfloat16")
     parser.add_argument("--no-keras-hub", action="store_true", help="skip the keras-hub fixed-padding peer")
+    parser.add_argument(
+        "--system-malloc", action="store_true",
+        help="leave glibc's malloc as it is (by default every engine keeps freed memory for reuse, "
+        "as `keras-transformer train` does: keras_transformer.utils.memory)",
+    )
     parser.add_argument("--worker", choices=["keras", "torch"], help=argparse.SUPPRESS)
     args = parser.parse_args()
     CONFIG.clear()
     CONFIG.update(MODELS[args.model])
     dtypes = args.dtype.split(",")
+    if args.worker and not args.system_malloc:
+        from keras_transformer.utils.memory import reuse_freed_memory
+
+        reuse_freed_memory()
     if args.worker == "keras":
         return worker_keras(args.data_dir, args.steps, dtypes, not args.no_keras_hub)
     if args.worker == "torch":
@@ -307,6 +317,7 @@ def main():
     print(f"\nModel: {config['num_layers']}+{config['num_layers']} layers, d_model {config['d_model']}, "
           f"d_ff {config['d_ff']}, {config['num_heads']} heads, vocabulary {config['vocabulary_size']:,}")
     print(f"Processor: {processor()}")
+    print("Memory: " + ("glibc's malloc as it is" if args.system_malloc else "freed memory kept for reuse (every engine)"))
     print(f"Matmul 2048x2048: NumPy float32 {matmul['float32'] / 1e9:.0f} GFLOP/s"
           + "".join(f", PyTorch {dtype} {rate / 1e9:.0f} GFLOP/s" for dtype, rate in torch_rates.items()) + "\n")
     print("| model (backend) | dtype | target tokens/s | vs float32 | padding | model GFLOP/s | of matmul | vs keras-hub fixed |")

@@ -36,6 +36,7 @@ from keras_transformer.train_config import PRESET_OVERRIDES
 from keras_transformer.train_config import TrainConfig
 from keras_transformer.train_config import fixed_setting_names
 from keras_transformer.utils.files import written_in_place
+from keras_transformer.utils.memory import reuse_freed_memory
 
 TOKENIZER_FILE = "tokenizer.spm"
 
@@ -287,6 +288,9 @@ def train_multi30k(output_dir, strategy=None, extra_callbacks=(), verbose="auto"
     callbacks = [keras.callbacks.BackupAndRestore(backup)]
     if chief:
         callbacks += _chief_callbacks(config, output_dir, data)
+    # Each step frees and allocates the same large buffers (the logits and
+    # their gradient): keep them in the process (see utils/memory.py).
+    reuse_freed_memory()
     history = model.fit(
         train_batches.dataset(repeat=True, start=position),
         validation_data=val_batches.dataset(),
