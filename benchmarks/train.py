@@ -1,7 +1,7 @@
 """Training throughput on real Multi30k batches, every backend, one run.
 
     python benchmarks/train.py --data-dir PATH/TO/multi30k [--steps 20]
-        [--model small|base] [--dtype float32,mixed_bfloat16]
+        [--model small|base] [--dtype float32,mixed_bfloat16] [--system-malloc]
 
 For each Keras backend (each in its own process) it times training steps of
 a 3+3-layer, d_model 256, d_ff 1024, 4-head model (`--model small`; `base`:
@@ -27,7 +27,10 @@ run (NumPy float32, PyTorch float32 and bfloat16), with the processor's
 name and whether it has AMX (bfloat16 matrix tiles).
 
 Each timing runs the same batches twice: the first pass compiles (JAX, XLA
-and TensorFlow compile once per batch shape), the second is timed.
+and TensorFlow compile once per batch shape), the second is timed. Every
+engine's process keeps freed memory for reuse, as `keras-transformer train`
+does (`keras_transformer.utils.memory`); `--system-malloc` leaves glibc's
+malloc as it is, to measure what that gives.
 """
 
 import argparse

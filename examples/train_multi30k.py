@@ -29,6 +29,7 @@ from keras_transformer.models import TransformerBackbone
 from keras_transformer.models import TransformerSeq2SeqLM
 from keras_transformer.models import TransformerSeq2SeqLMPreprocessor
 from keras_transformer.models import TransformerTokenizer
+from keras_transformer.utils.memory import reuse_freed_memory
 
 
 def main():
@@ -64,6 +65,9 @@ def main():
     )
     model = TransformerSeq2SeqLM(backbone, TransformerSeq2SeqLMPreprocessor(tokenizer))
     model.compile(warmup_steps=800)
+    # Keep the large buffers each step frees for the next step instead of
+    # mapping them afresh (fewer page faults; see keras_transformer.utils.memory).
+    reuse_freed_memory()
     model.fit(
         train.dataset(),
         validation_data=val.dataset(),

@@ -254,11 +254,10 @@ class MultiHeadAttention(DirectCall, keras.layers.Layer):
         little: a token's attention takes 2 * length * d_model
         multiply-adds, its four projections 4 * d_model^2 (and the
         feed-forward network 2 * d_model * d_ff). And it saves much where a
-        backend's low-precision
-        kernel is slow: PyTorch's CPU flash-attention backward took ten
-        times as long in bfloat16 as in float32 (49 against 5 ms a call;
-        d_model 256, 4,096-token batches), which made mixed-precision
-        training slower than float32 there.
+        backend's low-precision kernel is slow: PyTorch's CPU
+        flash-attention backward took ten times as long in bfloat16 as in
+        float32 (49 against 5 ms a call; d_model 256, 4,096-token batches),
+        which made mixed-precision training slower than float32 there.
         """
         mixed = self.compute_dtype != self.variable_dtype
         if mixed:

@@ -45,7 +45,7 @@ def reuse_freed_memory():
     try:
         libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
         mallopt = libc.mallopt
-    except (OSError, AttributeError):  # no glibc: musl has no mallopt
+    except (OSError, AttributeError):  # no C library found, or no mallopt in it
         return False
     mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
     # M_TRIM_THRESHOLD takes an int: the largest, 2 GiB - 1.
