@@ -16,8 +16,11 @@ and to keep what is freed there for the next step (mallopt's `M_MMAP_MAX` 0
 and a high `M_TRIM_THRESHOLD`), the setting that
 `MALLOC_MMAP_MAX_=0 MALLOC_TRIM_THRESHOLD_=...` gives a process from its
 start. The process then holds its peak memory until it exits, as PyTorch's
-and TensorFlow's own GPU allocators do. `keras-transformer train` calls it;
-`benchmarks/train.py` calls it for every engine it times.
+and TensorFlow's own GPU allocators do, and some more: on PyTorch, training
+the 3+3-layer, d_model-256 model in mixed precision on 40 Multi30k batches
+twice ran 1.12x as fast (4,072 against 3,633 target tokens/s) with a peak
+resident memory of 3,884 MB against 3,446. `keras-transformer train` calls
+it; `benchmarks/train.py` calls it for every engine it times.
 """
 
 import ctypes
