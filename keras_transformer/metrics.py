@@ -1,12 +1,66 @@
 """Translation quality with sacreBLEU, as the paper's section 6.1 reports it
-(BLEU), plus chrF.
+(BLEU), plus chrF; and the token accuracy that training reports.
 
 Scores are computed on detokenized output against raw references, by
 sacreBLEU itself: the cased BLEU with its signature, and the lowercased one
 (`lowercase=True`) that published Multi30k tables use.
 """
 
-import sacrebleu
+import keras
+from keras import ops
+
+
+def token_accuracy(y_true, y_pred):
+    """1.0 where the label's logit is the largest of its position, else 0.0.
+
+    `SparseCategoricalAccuracy` without its argmax: the label's logit is
+    compared with the position's maximum. Where another token ties with the
+    label for the maximum, the label counts as predicted.
+
+    Example:
+
+    >>> import numpy as np
+    >>> logits = np.array([[[0.1, 2.0, 0.3], [1.0, 0.0, 0.5]]], "float32")
+    >>> keras.ops.convert_to_numpy(token_accuracy(np.array([[1, 2]]), logits)).tolist()
+    [[1.0, 0.0]]
+    """
+    labels = ops.cast(y_true, "int32")
+    if len(labels.shape) == len(y_pred.shape):
+        labels = ops.squeeze(labels, axis=-1)
+    label_logits = ops.take_along_axis(y_pred, ops.expand_dims(labels, -1), axis=-1)
+    return ops.cast(ops.squeeze(label_logits, -1) >= ops.max(y_pred, axis=-1), "float32")
+
+
+@keras.saving.register_keras_serializable(package="keras_transformer")
+class TokenAccuracy(keras.metrics.MeanMetricWrapper):
+    """The share of target tokens whose label has the largest logit: the
+    accuracy `TransformerSeq2SeqLM.compile()` reports by default (as a
+    weighted metric, so padding does not count).
+
+    It gives what `keras.metrics.SparseCategoricalAccuracy` gives, except on
+    ties, without an argmax over the vocabulary at every training step: an
+    argmax over (315, 13, 8,000) logits took 41-60 ms on each backend on a
+    2-core CPU, a maximum 4-6 ms, a few percent of a small model's step.
+
+    Args:
+        name: the metric's name (`"accuracy"` in logs and history).
+        dtype: the dtype of the metric's result.
+
+    Example:
+
+    >>> import numpy as np
+    >>> metric = TokenAccuracy()
+    >>> logits = np.array([[[0.1, 2.0, 0.3], [1.0, 0.0, 0.5]]], "float32")
+    >>> metric.update_state(np.array([[1, 2]]), logits)
+    >>> float(metric.result())
+    0.5
+    """
+
+    def __init__(self, name="accuracy", dtype=None):
+        super().__init__(fn=token_accuracy, name=name, dtype=dtype)
+
+    def get_config(self):
+        return {"name": self.name, "dtype": self.dtype}
 
 
 def corpus_scores(hypotheses, references):
@@ -27,6 +81,8 @@ def corpus_scores(hypotheses, references):
     >>> round(scores["bleu"], 2)
     100.0
     """
+    import sacrebleu  # here: the models import this module for TokenAccuracy
+
     hypotheses, references = list(hypotheses), list(references)
     if len(hypotheses) != len(references):
         raise ValueError(f"{len(hypotheses)} hypotheses but {len(references)} references.")

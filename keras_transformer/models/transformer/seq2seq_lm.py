@@ -18,6 +18,7 @@ from keras_transformer.decoding.rules import check_alpha
 from keras_transformer.decoding.samplers import keras_hub_generate_step
 from keras_transformer.decoding.samplers import sample
 from keras_transformer.losses import LabelSmoothedCrossEntropy
+from keras_transformer.metrics import TokenAccuracy
 from keras_transformer.models.transformer.backbone import TransformerBackbone
 from keras_transformer.models.transformer.seq2seq_lm_preprocessor import (
     TransformerSeq2SeqLMPreprocessor,
@@ -106,7 +107,7 @@ class TransformerSeq2SeqLM(PresetIO, keras_hub.models.Seq2SeqLM):
         if loss == "auto":
             loss = LabelSmoothedCrossEntropy(label_smoothing, ignore_class=self._pad_id)
         if weighted_metrics == "auto":
-            weighted_metrics = [keras.metrics.SparseCategoricalAccuracy(name="accuracy")]
+            weighted_metrics = [TokenAccuracy()]
         super().compile(
             optimizer=optimizer,
             loss=loss,
