@@ -24,7 +24,6 @@ it; `benchmarks/train.py` calls it for every engine it times.
 """
 
 import ctypes
-import ctypes.util
 import sys
 
 # mallopt's parameters, from glibc's malloc.h.
@@ -46,9 +45,9 @@ def reuse_freed_memory():
     if not sys.platform.startswith("linux"):
         return False
     try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        mallopt = libc.mallopt
-    except (OSError, AttributeError):  # no C library found, or no mallopt in it
+        # The C library this process already runs on: no search for it.
+        mallopt = ctypes.CDLL(None).mallopt
+    except (OSError, AttributeError):  # no mallopt in this process's C library
         return False
     mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
     # M_TRIM_THRESHOLD takes an int: the largest, 2 GiB - 1.
