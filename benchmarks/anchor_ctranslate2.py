@@ -120,7 +120,9 @@ def compare(args, script):
     """The table: CTranslate2 float32 and int8, then this package per
     backend, with ratios to CTranslate2 float32."""
     print(f"processor: {processor()}; preset {args.preset}; beam {BEAM}, log P / |Y|^{ALPHA}; "
-          f"batch 1: {args.batch1_sentences} sentences, batch 64: {args.batch64_sentences}", flush=True)
+          f"batch 1: {args.batch1_sentences} sentences, batch 64: {args.batch64_sentences}; memory: "
+          + ("glibc's malloc as it is" if args.system_malloc else "freed memory kept for reuse (every engine)"),
+          flush=True)
     print("timing CTranslate2 ...", file=sys.stderr, flush=True)
     rows = ctranslate2_rows(args.preset, args.data_dir, args.batch1_sentences, args.batch64_sentences)
     for backend in args.backends.split(","):
@@ -128,7 +130,8 @@ def compare(args, script):
         env = {**os.environ, "KERAS_BACKEND": backend, "TF_CPP_MIN_LOG_LEVEL": "3"}
         command = [sys.executable, script, "--ctranslate2-worker", "--preset", args.preset, "--data-dir",
                    args.data_dir, "--batch1-sentences", str(args.batch1_sentences),
-                   "--batch64-sentences", str(args.batch64_sentences)]
+                   "--batch64-sentences", str(args.batch64_sentences),
+                   *(["--system-malloc"] if args.system_malloc else [])]
         process = subprocess.run(command, env=env, capture_output=True, text=True)
         if process.returncode:
             sys.exit(f"The {backend} worker failed:\n{process.stderr[-3000:]}")

@@ -80,6 +80,10 @@ class Recompute:
                 return output, [(output, output)]
 
             def prefix_step(prefix, index, encoder_output, encoder_padding_mask, log_probs):
+                # One row of encoder output a source, for its beams' rows.
+                beams = ops.shape(log_probs)[1]
+                encoder_output = ops.repeat(encoder_output, beams, axis=0)
+                encoder_padding_mask = ops.repeat(encoder_padding_mask, beams, axis=0)
                 hidden = model.backbone.decode(prefix, encoder_output, encoder_padding_mask=encoder_padding_mask)
                 logits = model.backbone.token_embedding(ops.take(hidden, index, axis=1), reverse=True)
                 return best_extensions(logits, log_probs, never_output, 2 * ops.shape(log_probs)[1])
@@ -169,6 +173,7 @@ def run_worker(backend, args):
     command = [
         sys.executable, __file__, "--worker", "--preset", args.preset, "--data-dir", args.data_dir,
         "--batch1-sentences", str(args.batch1_sentences), "--batch64-sentences", str(args.batch64_sentences),
+        *(["--system-malloc"] if args.system_malloc else []),
     ]
     process = subprocess.run(command, env=env, capture_output=True, text=True)
     if process.returncode:
@@ -185,9 +190,18 @@ def main():
     parser.add_argument("--backends", default="jax,tensorflow,torch")
     parser.add_argument("--ctranslate2", action="store_true",
                         help="compare beam 4 with CTranslate2 (float32, int8) on the same weights")
+    parser.add_argument(
+        "--system-malloc", action="store_true",
+        help="leave glibc's malloc as it is (by default every engine keeps freed memory for reuse, "
+        "as `keras-transformer translate` does: keras_transformer.utils.memory)",
+    )
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--ctranslate2-worker", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if not args.system_malloc:
+        from keras_transformer.utils.memory import reuse_freed_memory
+
+        reuse_freed_memory()  # in this process (CTranslate2's runs) and in each worker
     if args.worker:
         return worker(args.preset, args.data_dir, args.batch1_sentences, args.batch64_sentences)
     if args.ctranslate2_worker or args.ctranslate2:

@@ -167,3 +167,34 @@ def test_mixed_precision_attends_in_float32(key_dim, value_dim, dropout, monkeyp
             expected, _ = numpy_multi_head_attention(reference, query, query, causal=True)
             # bfloat16 keeps 8 significant bits: about 0.4% of each value.
             np.testing.assert_allclose(to_numpy(output).astype("float32"), expected, atol=0.1, rtol=0.05)
+
+
+@pytest.mark.parametrize("return_scores", [False, True])
+def test_a_fixed_memory_row_serves_consecutive_query_rows(return_scores):
+    """Beam search passes a source's encoder keys and values once for its
+    beams: query rows i * g .. i * g + g - 1 read memory row i, as if the
+    memory were repeated g times."""
+    from keras import ops
+
+    from keras_transformer.layers import MultiHeadAttention
+
+    rng = np.random.default_rng(7)
+    layer = MultiHeadAttention(num_heads=2)
+    sources, beams, length = 3, 4, 5
+    query = rng.normal(size=(sources * beams, 2, 8)).astype("float32")
+    memory = rng.normal(size=(sources, length, 8)).astype("float32")
+    padding = np.ones((sources, length), bool)
+    padding[1, 3:] = False
+    layer(query, np.repeat(memory, beams, axis=0))  # builds
+    shared = layer.project_key_value(memory)
+    repeated = tuple(np.repeat(ops.convert_to_numpy(x), beams, axis=0) for x in shared)
+    grouped = layer(query, query, attention_mask=padding[:, None, :], cache=shared,
+                    return_attention_scores=return_scores)
+    expected = layer(query, query, attention_mask=np.repeat(padding, beams, axis=0)[:, None, :], cache=repeated,
+                     return_attention_scores=return_scores)
+    np.testing.assert_allclose(ops.convert_to_numpy(grouped[0]), ops.convert_to_numpy(expected[0]), atol=1e-5)
+    if return_scores:
+        weights = ops.convert_to_numpy(grouped[1])
+        assert weights.shape == (sources * beams, 2, 2, length)
+        np.testing.assert_allclose(weights, ops.convert_to_numpy(expected[1]), atol=1e-6)
+        assert np.all(weights[beams : 2 * beams, :, :, 3:] == 0)  # source 1's padding

@@ -313,3 +313,57 @@ def test_search_rules_agree_in_numpy_and_in_the_graph(kind):
             assert bool(host) == (count >= 4 or (count >= 1 and nth >= reachable))
         else:
             assert bool(host) == (count >= 4 and best_live / length**0.6 <= kth)
+
+
+def _candidates_in_numpy(logits, log_probs, never_output):
+    """Every extension's log-probability, `(batch, beams * vocabulary_size)`."""
+    logits = logits.astype("float32")
+    shifted = logits - logits.max(-1, keepdims=True)
+    token_log_probs = shifted - np.log(np.exp(shifted).sum(-1, keepdims=True))
+    batch, beams = log_probs.shape
+    return (log_probs[:, :, None] + (token_log_probs + never_output).reshape(batch, beams, -1)).reshape(batch, -1)
+
+
+def _all_extensions_in_numpy(logits, log_probs, never_output, count):
+    """Rule 2 the direct way: every `beams * vocabulary_size` extension of a
+    source, ranked by a stable sort (lower flat index first on ties)."""
+    candidates = _candidates_in_numpy(logits, log_probs, never_output)
+    order = np.argsort(-candidates, axis=1, kind="stable")[:, :count]
+    return np.take_along_axis(candidates, order, axis=1), order
+
+
+@pytest.mark.parametrize("beams,vocabulary,count,ties", [(4, 50, 8, False), (4, 12, 8, True), (3, 5, 6, True), (1, 9, 2, False)])
+def test_best_extensions_rank_every_extension(beams, vocabulary, count, ties):
+    """Ranking each beam's tokens first gives the values and the order (ties
+    included) of ranking all `beams * vocabulary_size` extensions at once."""
+    import keras
+
+    from keras_transformer.decoding.rules import best_extensions
+
+    rng = np.random.default_rng(beams * vocabulary)
+    batch = 3
+    logits = rng.normal(0, 2, (batch * beams, vocabulary)).astype("float32")
+    log_probs = -rng.uniform(0, 3, (batch, beams)).astype("float32")
+    if ties:
+        # Equal logits within a beam, and equal beams (the first step's
+        # copies of one hypothesis).
+        logits = np.round(logits).astype("float32")
+        logits[1] = logits[0]
+        log_probs[:, 1] = log_probs[:, 0]
+    log_probs[0, -1] = -np.inf  # a beam that is not live
+    never_output = np.zeros(vocabulary, "float32")
+    never_output[[0, 2]] = -np.inf
+    values, indices = best_extensions(logits, log_probs, never_output, count)
+    expected_values, expected_indices = _all_extensions_in_numpy(logits, log_probs, never_output, count)
+    np.testing.assert_allclose(ops.convert_to_numpy(values), expected_values, rtol=1e-6, atol=1e-6)
+    values, indices = ops.convert_to_numpy(values), ops.convert_to_numpy(indices)
+    finite = np.isfinite(expected_values)
+    assert not np.isin(indices[finite] % vocabulary, [0, 2]).any()
+    # Each index names an extension of its value, none twice.
+    all_values = _candidates_in_numpy(logits, log_probs, never_output)
+    np.testing.assert_allclose(np.take_along_axis(all_values, indices, axis=1)[finite], values[finite], rtol=1e-6)
+    assert all(len(set(row[f])) == f.sum() for row, f in zip(indices, finite))
+    if keras.config.backend() != "torch":
+        # JAX's and TensorFlow's top_k keep the lower index first among
+        # equal values (PyTorch's leaves that order open).
+        np.testing.assert_array_equal(indices[finite], expected_indices[finite])

@@ -160,16 +160,13 @@ def _search(model, sources, max_length_offset, settings, functions):
 
     encode, step = functions or decoding_functions(model)
     _, cross_caches = encode(encoder_ids, encoder_mask)
-    # Every beam of a source reads the same encoder keys and values.
-    beam_mask = np.repeat(encoder_mask, k, axis=0)
     # The self-attention cache grows by CACHE_CHUNK positions when full:
     # each step reorders it to the beams' parents and attends over all of
     # it, so its length, not the maximum output length, sets the step's cost.
+    # The encoder's keys and values (and padding mask) stay one row a
+    # source: the k beams of a source, consecutive rows, all read it.
     cache_length = min(CACHE_CHUNK, max_length)
-    cache = [
-        (self_cache, (ops.repeat(keys, k, axis=0), ops.repeat(values, k, axis=0)))
-        for self_cache, (keys, values) in zip(model.empty_self_attention_cache(batch * k, cache_length), cross_caches)
-    ]
+    cache = list(zip(model.empty_self_attention_cache(batch * k, cache_length), cross_caches))
     parents_flat = np.arange(batch * k, dtype="int32")
 
     tokens = np.full((batch * k,), special.start, "int32")
@@ -188,7 +185,7 @@ def _search(model, sources, max_length_offset, settings, functions):
             cache_length = min(cache_length + CACHE_CHUNK, max_length)
             cache = _grow_self_attention_cache(cache, cache_length)
         values, indices, cache = step(
-            tokens[:, None], np.asarray(index, "int32"), cache, beam_mask, parents_flat, log_probs
+            tokens[:, None], np.asarray(index, "int32"), cache, encoder_mask, parents_flat, log_probs
         )
         # The 2k best extensions of each source's beams, best first: their
         # log-probabilities and flat indices into (beam, token).
@@ -224,10 +221,10 @@ def _search(model, sources, max_length_offset, settings, functions):
             # the rows that leave; the encoder's keys and values drop here.
             parents_flat = parents_flat[beam_rows]
             cache = [
-                (self_cache, (ops.take(keys, beam_rows, axis=0), ops.take(values, beam_rows, axis=0)))
+                (self_cache, (ops.take(keys, keep, axis=0), ops.take(values, keep, axis=0)))
                 for self_cache, (keys, values) in cache
             ]
-            beam_mask, tokens = beam_mask[beam_rows], tokens[beam_rows]
+            encoder_mask, tokens = encoder_mask[keep], tokens[beam_rows]
             sequences, log_probs, done, slots = sequences[keep], log_probs[keep], done[keep], slots[keep]
 
     return finished

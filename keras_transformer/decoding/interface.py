@@ -17,6 +17,7 @@ from keras_transformer.decoding.compiled import compile_for_inference
 from keras_transformer.decoding.loop import search_loop
 from keras_transformer.decoding.rules import best_extensions
 from keras_transformer.decoding.rules import never_output_bias
+from keras_transformer.layers.direct_calls import in_place_cache_writes
 
 
 @runtime_checkable
@@ -53,7 +54,10 @@ class Seq2SeqDecodingModel(Protocol):
     def call_decoder_with_cache(self, token_ids, index, cache, encoder_padding_mask):
         """One cached step: `token_ids` `(batch, 1)` at position `index`,
         `cache` a list of `(self_attention_cache, cross_attention_cache)`
-        per layer. Returns `(logits (batch, vocabulary_size), cache)`."""
+        per layer. The cross-attention caches and `encoder_padding_mask`
+        may have one row a source for several consecutive rows of
+        `token_ids` (a source's beams). Returns `(logits (batch,
+        vocabulary_size), cache)`."""
 
 
 # The model attributes holding its compiled functions: on the model, so
@@ -114,7 +118,10 @@ def decoding_functions(model):
         `parents` (row indices), runs `call_decoder_with_cache`, and returns
         `(values, indices, cache)`: the `2 * beams` best extensions of each
         source's beams (`rules.best_extensions`) given the beams'
-        `(batch, beams)` log-probabilities.
+        `(batch, beams)` log-probabilities. The beams of a source are
+        consecutive rows of `token_ids` and the self-attention caches; the
+        cross-attention caches and `encoder_padding_mask` have one row a
+        source.
     """
     functions = getattr(model, _ATTRIBUTE, None)
     if functions is None:
@@ -129,7 +136,10 @@ def decoding_functions(model):
                 ((ops.take(keys, parents, axis=0), ops.take(values, parents, axis=0)), cross)
                 for (keys, values), cross in cache
             ]
-            logits, cache = model.call_decoder_with_cache(token_ids, index, cache, encoder_padding_mask)
+            # The reordered caches are new tensors, this step's own: PyTorch
+            # writes the new position into them without copying them again.
+            with in_place_cache_writes():
+                logits, cache = model.call_decoder_with_cache(token_ids, index, cache, encoder_padding_mask)
             values, indices = best_extensions(logits, log_probs, never_output, 2 * ops.shape(log_probs)[1])
             return values, indices, cache
 

@@ -57,9 +57,9 @@ def search_loop(
     budgets = ops.convert_to_tensor(budgets, "int32")
     batch = ops.shape(encoder_ids)[0]
     width = max_length - 1  # output tokens that fit
+    # One row of encoder keys and values a source, which its k beams (rows
+    # source * k to source * k + k - 1) all read.
     cross = model.cross_attention_cache(model.encode(encoder_ids, encoder_mask))
-    cross = [(ops.repeat(keys, k, axis=0), ops.repeat(values, k, axis=0)) for keys, values in cross]
-    beam_mask = ops.repeat(encoder_mask, k, axis=0)
     rank = ops.arange(2 * k, dtype="int32")[None, :]
     rows = ops.arange(batch, dtype="int32")
     positions = ops.arange(width, dtype="int32")[None, None, :]
@@ -83,7 +83,7 @@ def search_loop(
 
     def body(index, tokens, parents, sequences, log_probs, finished, count, done, caches):
         caches = [(ops.take(keys, parents, axis=0), ops.take(values, parents, axis=0)) for keys, values in caches]
-        logits, cache = model.call_decoder_with_cache(tokens[:, None], index, list(zip(caches, cross)), beam_mask)
+        logits, cache = model.call_decoder_with_cache(tokens[:, None], index, list(zip(caches, cross)), encoder_mask)
         caches = [self_cache for self_cache, _ in cache]
         values, flat = best_extensions(logits, log_probs, never_output, 2 * k)
         flat = ops.cast(flat, "int32")

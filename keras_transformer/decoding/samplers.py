@@ -24,7 +24,7 @@ def keras_hub_generate_step(model, inputs, stop_token_ids=None):
     extending it one cached step at a time."""
     encoder_ids, encoder_mask = inputs["encoder_token_ids"], inputs["encoder_padding_mask"]
     prompt, prompt_mask = inputs["decoder_token_ids"], inputs["decoder_padding_mask"]
-    batch_size, max_length = ops.shape(prompt)[0], ops.shape(prompt)[1]
+    max_length = ops.shape(prompt)[1]
     backbone = model.backbone
     cache = model.initial_cache(model.encode(encoder_ids, encoder_mask), max_length)
     # The decoder output at every prompt position: ContrastiveSampler
@@ -36,19 +36,15 @@ def keras_hub_generate_step(model, inputs, stop_token_ids=None):
     # large negative number: keras-hub's samplers exponentiate logits).
     never = np.maximum(never_output_bias(model), -1e9)
 
-    def repeat_rows(x, rows):
-        # keras-hub's beam sampler runs `num_beams` rows a source.
-        return x if rows == batch_size else ops.repeat(x, rows // batch_size, axis=0)
-
     def next(prompt, self_caches, index):
+        # keras-hub's beam sampler runs `num_beams` consecutive rows a
+        # source, which all read the source's row of the encoder's keys and
+        # values (the attention layers group them).
         rows = ops.shape(prompt)[0]
-        cache = [
-            (self_cache, (repeat_rows(keys, rows), repeat_rows(values, rows)))
-            for self_cache, (keys, values) in zip(self_caches, cross_caches)
-        ]
+        cache = list(zip(self_caches, cross_caches))
         token_ids = ops.slice(prompt, [0, index - 1], [rows, 1])
         states, cache = backbone.decode(
-            token_ids, encoder_padding_mask=repeat_rows(encoder_mask, rows), cache=cache, cache_index=index - 1
+            token_ids, encoder_padding_mask=encoder_mask, cache=cache, cache_index=index - 1
         )
         logits = backbone.token_embedding(states[:, -1, :], reverse=True)
         logits = ops.cast(logits, "float32") + never

@@ -17,6 +17,7 @@ from keras import ops
 from keras_transformer.layers.direct_calls import DirectCall
 from keras_transformer.layers.direct_calls import Dropout
 from keras_transformer.layers.direct_calls import EinsumDense
+from keras_transformer.layers.direct_calls import write_cache
 
 
 # Caches hold keys and values head-major, `(batch, heads, positions, d)`:
@@ -28,6 +29,16 @@ def _head_major(x):
 
 
 _token_major = _head_major  # the same swap of the positions and heads axes
+
+
+def _ungroup_weights(weights, query_shape):
+    """Attention weights of grouped queries, `(memory_batch, heads, groups *
+    target_length, source_length)`, as `(query_batch, heads, target_length,
+    source_length)`."""
+    memory_batch, heads, _, source_length = ops.shape(weights)
+    weights = ops.reshape(weights, (memory_batch, heads, -1, query_shape[1], source_length))
+    weights = ops.transpose(weights, (0, 2, 1, 3, 4))
+    return ops.reshape(weights, (query_shape[0], heads, query_shape[1], source_length))
 
 
 def _mask_value(dtype):
@@ -97,6 +108,12 @@ class MultiHeadAttention(DirectCall, keras.layers.Layer):
     that position first (decoder self-attention); without it the cache is
     used as it is (encoder-decoder attention over a fixed memory). The
     updated cache is returned next to the output.
+
+    A fixed memory may have fewer rows than the queries: with `B` memory
+    rows and `B * g` query rows, query rows `i * g` to `i * g + g - 1` read
+    memory row `i` (and `attention_mask` has `B` rows). Beam search passes
+    each source's encoder keys and values once for its `g` beams, instead
+    of `g` copies.
 
     Args:
         num_heads: h, the number of attention heads.
@@ -226,8 +243,16 @@ class MultiHeadAttention(DirectCall, keras.layers.Layer):
             if cache_update_index is not None:
                 start = [0, 0, cache_update_index, 0]
                 keys, values = self.project_key_value(value, key)
-                cache = (ops.slice_update(cache[0], start, keys), ops.slice_update(cache[1], start, values))
+                cache = (write_cache(cache[0], start, keys), write_cache(cache[1], start, values))
             key_heads, value_heads = _token_major(cache[0]), _token_major(cache[1])
+        query_shape = ops.shape(query_heads)
+        # A fixed memory's row may serve several consecutive query rows (the
+        # beams of a source share its encoder output): their queries attend
+        # as that row's target positions, so the memory is read once, not
+        # once per beam.
+        shared_memory = cache is not None and cache_update_index is None and not use_causal_mask
+        if shared_memory:
+            query_heads = ops.reshape(query_heads, (ops.shape(key_heads)[0], -1) + tuple(query_shape[2:]))
         mask = self._attention_mask(
             query_heads, key_heads, attention_mask, use_causal_mask, cache_update_index
         )
@@ -238,6 +263,10 @@ class MultiHeadAttention(DirectCall, keras.layers.Layer):
             and (self.dropout == 0.0 or not training)
         )
         heads, weights = self._attend(query_heads, key_heads, value_heads, mask, fused, training)
+        if shared_memory:
+            heads = ops.reshape(heads, tuple(query_shape[:2]) + tuple(ops.shape(heads)[2:]))
+            if weights is not None:
+                weights = _ungroup_weights(weights, query_shape)
         outputs = [self.output_dense(heads)]
         if return_attention_scores:
             outputs.append(weights)

@@ -26,6 +26,12 @@ changes nothing:
 Keras offers no such path; it is kept here, small and opt-in, rather than
 patching `keras.layers.Layer`. Decoding on PyTorch enters it
 (`keras_transformer.decoding.compiled`).
+
+`in_place_cache_writes()` is the same kind of saving for the key/value
+cache: `keras.ops.slice_update` is functional, so on PyTorch it copies the
+whole cache to write one position into it, at every decoding step and in
+every layer. Decoding's step reorders the caches into new tensors first
+(each beam takes its parent's), so it owns them and may write in place.
 """
 
 import contextlib
@@ -61,6 +67,44 @@ def direct_calls():
         yield
     finally:
         _state.active = previous
+
+
+@contextlib.contextmanager
+def in_place_cache_writes():
+    """Within this context (in this thread), on PyTorch inside
+    `direct_calls()`, `write_cache` writes into the cache it is given
+    instead of a copy of it: for callers that hold the only reference to the
+    caches they pass (decoding's step, which has just reordered them into
+    new tensors).
+    """
+    previous = getattr(_state, "in_place", False)
+    _state.in_place = True
+    try:
+        yield
+    finally:
+        _state.in_place = previous
+
+
+def write_cache(cache, start, update):
+    """`keras.ops.slice_update(cache, start, update)`, written into `cache`
+    itself within `in_place_cache_writes()` and `direct_calls()` on
+    PyTorch.
+
+    Example:
+
+    >>> import numpy as np
+    >>> cache = keras.ops.zeros((1, 1, 4, 2))
+    >>> update = keras.ops.ones((1, 1, 1, 2))
+    >>> written = write_cache(cache, [0, 0, 2, 0], update)
+    >>> keras.ops.convert_to_numpy(written)[0, 0, :, 0].tolist()
+    [0.0, 0.0, 1.0, 0.0]
+    >>> float(keras.ops.sum(cache))  # the cache given is unchanged
+    0.0
+    """
+    if getattr(_state, "in_place", False) and getattr(_state, "active", False) and keras.config.backend() == "torch":
+        cache[tuple(slice(begin, begin + size) for begin, size in zip(start, update.shape))] = update
+        return cache
+    return keras.ops.slice_update(cache, start, update)
 
 
 class DirectCall:
