@@ -2,6 +2,8 @@
 decoding uses on PyTorch: the numbers of Keras' full `Layer.__call__`,
 without its work on each call."""
 
+import contextlib
+
 import keras
 import numpy as np
 import pytest
@@ -141,3 +143,31 @@ def test_beam_search_on_pytorch_calls_no_layer_through_keras(layer_calls, monkey
     for got, want in zip(direct, expected):
         assert [ids for ids, _, _ in got] == [ids for ids, _, _ in want]
         np.testing.assert_allclose([score for _, score, _ in got], [score for _, score, _ in want], rtol=1e-6)
+
+
+def test_cache_writes_in_place_only_where_the_caller_owns_the_cache():
+    """`write_cache` writes into the cache it is given only within both
+    `in_place_cache_writes()` and `direct_calls()` on PyTorch; otherwise it
+    leaves the given cache as it was and returns `slice_update`'s copy."""
+    from keras_transformer.layers.direct_calls import in_place_cache_writes
+    from keras_transformer.layers.direct_calls import write_cache
+
+    update = keras.ops.ones((2, 1, 1, 3))
+    expected = np.zeros((2, 1, 4, 3), "float32")
+    expected[:, :, 1] = 1.0
+    contexts = {
+        "none": [],
+        "in place only": [in_place_cache_writes],
+        "direct only": [direct_calls],
+        "both": [in_place_cache_writes, direct_calls],
+    }
+    for name, entered in contexts.items():
+        cache = keras.ops.zeros((2, 1, 4, 3))
+        with contextlib.ExitStack() as stack:
+            for context in entered:
+                stack.enter_context(context())
+            written = write_cache(cache, [0, 0, 1, 0], update)
+        np.testing.assert_array_equal(to_numpy(written), expected, err_msg=name)
+        in_place = name == "both" and keras.config.backend() == "torch"
+        assert (written is cache) == in_place, name
+        assert float(to_numpy(cache).sum()) == (6.0 if in_place else 0.0), name
