@@ -23,7 +23,6 @@ The rules:
 5. **Stopping** (`search_is_over`): see there.
 """
 
-import keras
 import numpy as np
 from keras import ops
 
@@ -110,13 +109,15 @@ def best_extensions(logits, log_probs, never_output, count):
     each of its beams, so each beam's tokens are ranked first and only
     those candidates are combined with the beams' log-probabilities: at 64
     sources of 4 beams and 8,000 tokens, every pass over the `(rows,
-    vocabulary_size)` log-probabilities moves 8 MB, and the passes that
+    vocabulary_size)` log-probabilities moves 8 MB, and the two passes that
     added the never-output bias and the beams' log-probabilities to all of
-    them cost as much as the output projection's matrix product. The
-    never-output tokens are dropped after that ranking (each beam ranks as
-    many more tokens as there are never-output tokens). The values, and the
-    order of ties (lower beam, then lower token first), are those of ranking
-    all `beams * vocabulary_size` extensions at once.
+    them took 3.3 ms a step on PyTorch, against 5.1-5.6 ms for the output
+    projection's matrix product (float32, 2-core CPU). The never-output
+    tokens are dropped after that ranking (each beam ranks as many more
+    tokens as there are never-output tokens). The values are those of
+    ranking all `beams * vocabulary_size` extensions at once, and so is the
+    order of ties (lower beam, then lower token first) where the backend's
+    `top_k` keeps lower indices first, as JAX's and TensorFlow's do.
 
     Args:
         logits: `(batch * beams, vocabulary_size)` next-token logits.
@@ -139,9 +140,9 @@ def best_extensions(logits, log_probs, never_output, count):
     >>> log_probs = np.log(np.array([[0.5, 0.5]], "float32"))
     >>> never = np.array([-np.inf, 0.0, 0.0], "float32")  # token 0 is never output
     >>> values, indices = best_extensions(logits, log_probs, never, 3)
-    >>> print(np.exp(keras.ops.convert_to_numpy(values)).round(2))
+    >>> print(np.exp(ops.convert_to_numpy(values)).round(2))
     [[0.3  0.2  0.15]]
-    >>> keras.ops.convert_to_numpy(indices).tolist()  # beam * 3 + token
+    >>> ops.convert_to_numpy(indices).tolist()  # beam * 3 + token
     [[1, 5, 2]]
     """
     log_probs = ops.convert_to_tensor(log_probs, "float32")
