@@ -46,6 +46,18 @@ _state = threading.local()
 
 
 @contextlib.contextmanager
+def _thread_flag(name):
+    """Sets `name` in this thread's state for the context, then restores it
+    (the contexts nest)."""
+    previous = getattr(_state, name, False)
+    setattr(_state, name, True)
+    try:
+        yield
+    finally:
+        setattr(_state, name, previous)
+
+
+@contextlib.contextmanager
 def direct_calls():
     """Within this context (in this thread), built layers of this package
     run `call` directly (see the module docstring).
@@ -61,12 +73,8 @@ def direct_calls():
     >>> bool(np.allclose(direct, expected))
     True
     """
-    previous = getattr(_state, "active", False)
-    _state.active = True
-    try:
+    with _thread_flag("active"):
         yield
-    finally:
-        _state.active = previous
 
 
 @contextlib.contextmanager
@@ -77,12 +85,8 @@ def in_place_cache_writes():
     caches they pass (decoding's step, which has just reordered them into
     new tensors).
     """
-    previous = getattr(_state, "in_place", False)
-    _state.in_place = True
-    try:
+    with _thread_flag("in_place"):
         yield
-    finally:
-        _state.in_place = previous
 
 
 def write_cache(cache, start, update):
