@@ -324,14 +324,6 @@ def _candidates_in_numpy(logits, log_probs, never_output):
     return (log_probs[:, :, None] + (token_log_probs + never_output).reshape(batch, beams, -1)).reshape(batch, -1)
 
 
-def _all_extensions_in_numpy(logits, log_probs, never_output, count):
-    """Rule 2 the direct way: every `beams * vocabulary_size` extension of a
-    source, ranked by a stable sort (lower flat index first on ties)."""
-    candidates = _candidates_in_numpy(logits, log_probs, never_output)
-    order = np.argsort(-candidates, axis=1, kind="stable")[:, :count]
-    return np.take_along_axis(candidates, order, axis=1), order
-
-
 @pytest.mark.parametrize("beams,vocabulary,count,ties", [(4, 50, 8, False), (4, 12, 8, True), (3, 5, 6, True), (1, 9, 2, False)])
 def test_best_extensions_rank_every_extension(beams, vocabulary, count, ties):
     """Ranking each beam's tokens first gives the values and the order (ties
@@ -354,13 +346,16 @@ def test_best_extensions_rank_every_extension(beams, vocabulary, count, ties):
     never_output = np.zeros(vocabulary, "float32")
     never_output[[0, 2]] = -np.inf
     values, indices = best_extensions(logits, log_probs, never_output, count)
-    expected_values, expected_indices = _all_extensions_in_numpy(logits, log_probs, never_output, count)
+    # Rule 2 the direct way: every extension ranked by a stable sort (lower
+    # flat index first on ties).
+    all_values = _candidates_in_numpy(logits, log_probs, never_output)
+    expected_indices = np.argsort(-all_values, axis=1, kind="stable")[:, :count]
+    expected_values = np.take_along_axis(all_values, expected_indices, axis=1)
     np.testing.assert_allclose(ops.convert_to_numpy(values), expected_values, rtol=1e-6, atol=1e-6)
     values, indices = ops.convert_to_numpy(values), ops.convert_to_numpy(indices)
     finite = np.isfinite(expected_values)
     assert not np.isin(indices[finite] % vocabulary, [0, 2]).any()
     # Each index names an extension of its value, none twice.
-    all_values = _candidates_in_numpy(logits, log_probs, never_output)
     np.testing.assert_allclose(np.take_along_axis(all_values, indices, axis=1)[finite], values[finite], rtol=1e-6)
     assert all(len(set(row[f])) == f.sum() for row, f in zip(indices, finite))
     if keras.config.backend() != "torch":
