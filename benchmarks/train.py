@@ -2,6 +2,7 @@
 
     python benchmarks/train.py --data-dir PATH/TO/multi30k [--steps 20]
         [--model small|base] [--dtype float32,mixed_bfloat16] [--system-malloc]
+        [--backends jax,tensorflow,torch] [--token-ids PAIRS.npz]
 
 For each Keras backend (each in its own process) it times training steps of
 a 3+3-layer, d_model 256, d_ff 1024, 4-head model (`--model small`; `base`:
@@ -31,6 +32,13 @@ and TensorFlow compile once per batch shape), the second is timed. Every
 engine's process keeps freed memory for reuse, as `keras-transformer train`
 does (`keras_transformer.utils.memory`); `--system-malloc` leaves glibc's
 malloc as it is, to measure what that gives.
+
+On a machine with a GPU every engine trains on it (Keras puts JAX and
+PyTorch there itself; the `torch.nn.Transformer` peer is moved there), and
+the FLOP/s are shown against the GPU's own matmul. Such machines often have
+JAX and PyTorch but not TensorFlow, which the tokenizer runs on: tokenize
+where TensorFlow is (`--write-token-ids PAIRS.npz`), then time there with
+`--token-ids PAIRS.npz --backends jax,torch`.
 """
 
 import argparse
@@ -61,17 +69,27 @@ def numpy_matmul_flops(size=2048, repeats=5):
     return 2 * size**3 * repeats / (time.perf_counter() - start)
 
 
-def torch_matmul_flops(dtype, size=2048, repeats=5):
+def torch_matmul_flops(dtype, size=2048, repeats=5, device="cpu"):
     """A PyTorch matmul's FLOP/s in `dtype` ("float32" or "bfloat16")."""
     import torch
 
-    a = torch.rand(size, size, dtype=getattr(torch, dtype))
-    b = torch.rand(size, size, dtype=getattr(torch, dtype))
-    a @ b
+    a = torch.rand(size, size, dtype=getattr(torch, dtype), device=device)
+    b = torch.rand(size, size, dtype=getattr(torch, dtype), device=device)
+    (a @ b).sum().item()
     start = time.perf_counter()
     for _ in range(repeats):
-        a @ b
+        c = a @ b
+    c.sum().item()  # waits for the device
     return 2 * size**3 * repeats / (time.perf_counter() - start)
+
+
+def gpu():
+    """The GPU's name if PyTorch sees one, else None."""
+    try:
+        import torch
+    except ImportError:
+        return None
+    return torch.cuda.get_device_name() if torch.cuda.is_available() else None
 
 
 def processor():
@@ -99,32 +117,51 @@ def step_flops(batch_size, source_length, target_length, config=CONFIG):
     return 3 * batch_size * (encoder + decoder + logits)
 
 
-def load_data(data_dir, limit):
+def load_data(data_dir, limit, token_ids=None):
+    """Framed `(encoder_ids, decoder_ids)` of the first `limit` en-de
+    training pairs: tokenized by a tokenizer trained here, or read from
+    `token_ids` (an .npz that `--write-token-ids` made), for machines
+    without TensorFlow (which the tokenizer runs on)."""
+    if token_ids:
+        arrays = np.load(token_ids)
+        return tuple(
+            [ids.tolist() for ids in np.split(arrays[f"{side}_flat"], np.cumsum(arrays[f"{side}_lengths"])[:-1])][:limit]
+            for side in ("encoder", "decoder")
+        )
+    from keras_transformer.data import tokenize_pairs
     from keras_transformer.datasets import multi30k
     from keras_transformer.models import TransformerTokenizer
 
     sources, targets = multi30k.load("train", "en", "de", data_dir=data_dir)
     tokenizer = TransformerTokenizer.train(sources + targets, vocabulary_size=CONFIG["vocabulary_size"])
-    return sources[:limit], targets[:limit], tokenizer
+    encoder_ids, decoder_ids, _ = tokenize_pairs(sources[:limit], targets[:limit], tokenizer)
+    return encoder_ids, decoder_ids
 
 
-def budget_batches(sources, targets, tokenizer, steps):
-    from keras_transformer.data import token_budget_batches
+def write_token_ids(data_dir, path):
+    encoder_ids, decoder_ids = load_data(data_dir, None)
+    np.savez_compressed(path, **{
+        f"{side}_{part}": array
+        for side, ids in (("encoder", encoder_ids), ("decoder", decoder_ids))
+        for part, array in (("flat", np.concatenate(ids).astype("int32")), ("lengths", [len(i) for i in ids]))
+    })
 
-    batches = token_budget_batches(sources, targets, tokenizer, max_tokens=4096, seed=0)
+
+def budget_batches(encoder_ids, decoder_ids, steps):
+    from keras_transformer.data import TokenBudgetBatches
+
+    batches = TokenBudgetBatches(encoder_ids, decoder_ids, max_tokens=4096, seed=0)
     return [b for _, b in zip(range(steps), batches)], batches.padding_fraction()
 
 
-def fixed_batches(sources, targets, tokenizer, steps):
+def fixed_batches(encoder_ids, decoder_ids, steps):
     """keras.io style: fixed 40-token padding, 64 sentences a batch."""
-    from keras_transformer.data import tokenize_pairs
-
-    encoder_ids, decoder_ids, _ = tokenize_pairs(sources, targets, tokenizer, max_length=FIXED_LENGTH + 1)
+    pairs = [(e, d) for e, d in zip(encoder_ids, decoder_ids) if len(e) <= FIXED_LENGTH + 1 and len(d) <= FIXED_LENGTH + 1]
     batches = []
     for start in range(0, FIXED_BATCH * steps, FIXED_BATCH):
         enc = np.zeros((FIXED_BATCH, FIXED_LENGTH), "int32")
         dec = np.zeros((FIXED_BATCH, FIXED_LENGTH + 1), "int32")
-        for row, (e, t) in enumerate(zip(encoder_ids[start : start + FIXED_BATCH], decoder_ids[start : start + FIXED_BATCH])):
+        for row, (e, t) in enumerate(pairs[start : start + FIXED_BATCH]):
             enc[row, : min(len(e), FIXED_LENGTH)] = e[:FIXED_LENGTH]
             dec[row, : len(t)] = t
         batches.append((enc, dec[:, :-1], dec[:, 1:]))
@@ -143,16 +180,16 @@ def time_passes(run_step, batches, flops_of):
     return {"tokens_per_second": tokens / seconds, "flops_per_second": flops / seconds, "seconds": seconds}
 
 
-def worker_keras(data_dir, steps, dtypes, with_keras_hub):
+def worker_keras(data_dir, steps, dtypes, with_keras_hub, token_ids=None):
     import keras
     import keras_hub
 
     from keras_transformer.models import TransformerBackbone
     from keras_transformer.models import TransformerSeq2SeqLM
 
-    sources, targets, tokenizer = load_data(data_dir, 20000)
+    encoder_ids, decoder_ids = load_data(data_dir, 20000, token_ids)
     results = {"backend": keras.config.backend()}
-    batches, padding = budget_batches(sources, targets, tokenizer, steps)
+    batches, padding = budget_batches(encoder_ids, decoder_ids, steps)
 
     def ours_flops(batch):
         x, y, _ = batch
@@ -191,7 +228,7 @@ def worker_keras(data_dir, steps, dtypes, with_keras_hub):
         optimizer=keras.optimizers.Adam(1e-4),
         loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True, ignore_class=0),
     )
-    fixed = fixed_batches(sources, targets, tokenizer, steps)
+    fixed = fixed_batches(encoder_ids, decoder_ids, steps)
 
     def keras_hub_step(batch):
         enc, dec, labels = batch
@@ -205,12 +242,13 @@ def worker_keras(data_dir, steps, dtypes, with_keras_hub):
     print(json.dumps(results))
 
 
-def worker_torch(data_dir, steps, dtypes):
+def worker_torch(data_dir, steps, dtypes, token_ids=None):
     import torch
 
     torch.manual_seed(0)
-    sources, targets, tokenizer = load_data(data_dir, 20000)
-    batches, padding = budget_batches(sources, targets, tokenizer, steps)
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    encoder_ids, decoder_ids = load_data(data_dir, 20000, token_ids)
+    batches, padding = budget_batches(encoder_ids, decoder_ids, steps)
     d = CONFIG["d_model"]
 
     class Model(torch.nn.Module):
@@ -223,7 +261,7 @@ def worker_torch(data_dir, steps, dtypes):
             )
 
         def forward(self, enc, dec):
-            mask = torch.nn.Transformer.generate_square_subsequent_mask(dec.shape[1])
+            mask = torch.nn.Transformer.generate_square_subsequent_mask(dec.shape[1], device=dec.device)
             hidden = self.transformer(
                 self.embedding(enc) * d**0.5, self.embedding(dec) * d**0.5, tgt_mask=mask,
                 src_key_padding_mask=enc == 0, tgt_key_padding_mask=dec == 0,
@@ -238,23 +276,24 @@ def worker_torch(data_dir, steps, dtypes):
     results = {"backend": "torch"}
     for dtype in dtypes:
         torch.manual_seed(0)
-        model = Model()
+        model = Model().to(device)
         optimizer = torch.optim.Adam(model.parameters(), lr=1e-4, betas=(0.9, 0.98), eps=1e-9)
         loss_fn = torch.nn.CrossEntropyLoss(ignore_index=0, label_smoothing=0.1)
         # Mixed precision as PyTorch does it: float32 weights, bfloat16 autocast.
-        autocast = dict(device_type="cpu", dtype=torch.bfloat16, enabled=dtype == "mixed_bfloat16")
+        autocast = dict(device_type=device, dtype=torch.bfloat16, enabled=dtype == "mixed_bfloat16")
 
         def step(batch, model=model, optimizer=optimizer, loss_fn=loss_fn, autocast=autocast):
             x, y, w = batch
-            enc = torch.from_numpy(x["encoder_token_ids"]).long()
-            dec = torch.from_numpy(x["decoder_token_ids"]).long()
-            labels = torch.from_numpy(y).long()
+            enc = torch.from_numpy(x["encoder_token_ids"]).long().to(device)
+            dec = torch.from_numpy(x["decoder_token_ids"]).long().to(device)
+            labels = torch.from_numpy(y).long().to(device)
             optimizer.zero_grad()
             with torch.autocast(**autocast):
                 logits = model(enc, dec)
             loss = loss_fn(logits.float().reshape(-1, logits.shape[-1]), labels.reshape(-1))
             loss.backward()
             optimizer.step()
+            loss.item()  # waits for the device, as Keras's train_on_batch does
             return int(w.sum())
 
         results[f"torch.nn.Transformer {dtype}"] = {**time_passes(step, batches, flops), "padding": padding}
@@ -264,7 +303,9 @@ def worker_torch(data_dir, steps, dtypes):
 def run_worker(kind, backend, args, with_keras_hub=True):
     env = {**os.environ, "KERAS_BACKEND": backend, "TF_CPP_MIN_LOG_LEVEL": "3"}
     command = [
-        sys.executable, __file__, "--worker", kind, "--data-dir", args.data_dir, "--steps", str(args.steps),
+        sys.executable, __file__, "--worker", kind, "--steps", str(args.steps),
+        *(["--data-dir", args.data_dir] if args.data_dir else []),
+        *(["--token-ids", args.token_ids] if args.token_ids else []),
         "--model", args.model, "--dtype", args.dtype, *([] if with_keras_hub else ["--no-keras-hub"]),
         *(["--system-malloc"] if args.system_malloc else []),
     ]
@@ -285,6 +326,12 @@ def main():
         help="leave glibc's malloc as it is (by default every engine keeps freed memory for reuse, "
         "as `keras-transformer train` does: keras_transformer.utils.memory)",
     )
+    parser.add_argument(
+        "--token-ids", metavar="NPZ",
+        help="read the tokenized pairs from this file (made by --write-token-ids) instead of tokenizing "
+        "Multi30k: for machines without TensorFlow, such as a GPU machine with JAX and PyTorch only",
+    )
+    parser.add_argument("--write-token-ids", metavar="NPZ", help="tokenize Multi30k, write the pairs here and stop")
     parser.add_argument("--worker", choices=["keras", "torch"], help=argparse.SUPPRESS)
     args = parser.parse_args()
     CONFIG.clear()
@@ -294,19 +341,27 @@ def main():
         from keras_transformer.utils.memory import reuse_freed_memory
 
         reuse_freed_memory()
+    if args.write_token_ids:
+        return write_token_ids(args.data_dir, args.write_token_ids)
     if args.worker == "keras":
-        return worker_keras(args.data_dir, args.steps, dtypes, not args.no_keras_hub)
+        return worker_keras(args.data_dir, args.steps, dtypes, not args.no_keras_hub, args.token_ids)
     if args.worker == "torch":
-        return worker_torch(args.data_dir, args.steps, dtypes)
+        return worker_torch(args.data_dir, args.steps, dtypes, args.token_ids)
 
-    matmul = {"float32": numpy_matmul_flops()}
+    gpu_name = gpu()
+    numpy_rate = numpy_matmul_flops()
+    matmul = {"float32": numpy_rate}
     try:
         torch_rates = {dtype: torch_matmul_flops(dtype) for dtype in ("float32", "bfloat16")}
     except ImportError:
         torch_rates = {}
     # Each row's FLOP/s against the matmul of its precision: NumPy's for
-    # float32 (as before), PyTorch's bfloat16 for mixed precision.
+    # float32 (as before), PyTorch's bfloat16 for mixed precision; on a GPU
+    # (where every engine trains), the GPU's own.
     matmul["mixed_bfloat16"] = torch_rates.get("bfloat16")
+    if gpu_name:
+        gpu_rates = {dtype: torch_matmul_flops(dtype, size=8192, repeats=20, device="cuda") for dtype in ("float32", "bfloat16")}
+        matmul = {"float32": gpu_rates["float32"], "mixed_bfloat16": gpu_rates["bfloat16"]}
     rows = []  # (model, dtype, backend, result)
     for backend in args.backends.split(","):
         print(f"timing {backend} ...", file=sys.stderr)
@@ -320,8 +375,11 @@ def main():
     print(f"\nModel: {config['num_layers']}+{config['num_layers']} layers, d_model {config['d_model']}, "
           f"d_ff {config['d_ff']}, {config['num_heads']} heads, vocabulary {config['vocabulary_size']:,}")
     print(f"Processor: {processor()}")
+    if gpu_name:
+        print(f"GPU: {gpu_name} (every engine trains on it); matmul 8192x8192: PyTorch float32 "
+              f"{gpu_rates['float32'] / 1e12:.0f} TFLOP/s, bfloat16 {gpu_rates['bfloat16'] / 1e12:.0f} TFLOP/s")
     print("Memory: " + ("glibc's malloc as it is" if args.system_malloc else "freed memory kept for reuse (every engine)"))
-    print(f"Matmul 2048x2048: NumPy float32 {matmul['float32'] / 1e9:.0f} GFLOP/s"
+    print(f"Matmul 2048x2048: NumPy float32 {numpy_rate / 1e9:.0f} GFLOP/s"
           + "".join(f", PyTorch {dtype} {rate / 1e9:.0f} GFLOP/s" for dtype, rate in torch_rates.items()) + "\n")
     print("| model (backend) | dtype | target tokens/s | vs float32 | padding | model GFLOP/s | of matmul | vs keras-hub fixed |")
     print("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |")
