@@ -80,10 +80,10 @@ def test_direct_calls_give_the_logits_of_keras_calls(variant, layer_calls):
         direct = _cached_steps(model)
     np.testing.assert_array_equal(direct, expected)
     assert np.abs(expected).max() > 0.1 and np.isfinite(expected).all()
-    # Every layer of a step is called directly, except where the dtypes are
-    # mixed: there only `Layer.__call__` opens the autocast scope.
+    # Every layer of a step is called directly, mixed precision included
+    # (its input casts and autocast scopes as `Layer.__call__` makes them).
     assert len(keras_calls) > 50
-    assert layer_calls == (keras_calls if variant == "mixed_bfloat16" else [])
+    assert layer_calls == []
 
 
 def test_direct_calls_end_with_their_context_and_stay_in_their_thread(layer_calls):
@@ -110,18 +110,76 @@ def test_direct_calls_end_with_their_context_and_stay_in_their_thread(layer_call
     assert len(layer_calls) > 50
 
 
-def test_an_open_autocast_scope_takes_the_full_call():
-    """A float32 layer inside another layer's autocast scope: only
-    `Layer.__call__` switches the scope back to the layer's dtype."""
+@pytest.mark.parametrize("layer_dtype", ["float32", "mixed_bfloat16", "bfloat16"])
+@pytest.mark.parametrize("scope_dtype", [None, "bfloat16", "float32"])
+def test_direct_calls_cast_and_scope_as_keras_calls(layer_dtype, scope_dtype, layer_calls):
+    """Inside another layer's autocast scope, or none, a layer called
+    directly gets the input casts and the scope of `Layer.__call__`: a
+    float32 layer computes in float32 inside a bfloat16 scope, a mixed one
+    in bfloat16 with its float32 weights, from float32 inputs."""
     from keras.src.backend import AutocastScope
 
     from keras_transformer.layers.direct_calls import Dense
 
-    layer = Dense(8)
-    x = keras.ops.convert_to_tensor(np.random.normal(size=(3, 16)).astype("float32"))
-    expected = to_numpy(layer(x))
-    with AutocastScope("bfloat16"), direct_calls():
-        np.testing.assert_array_equal(to_numpy(layer(x)), expected)
+    layer = Dense(8, dtype=layer_dtype)
+    # A layer without mixed dtypes is given inputs of its dtype (the
+    # contract of `direct_calls()`); a mixed one casts them itself.
+    x = keras.ops.cast(np.random.normal(size=(3, 16)), "bfloat16" if layer_dtype == "bfloat16" else "float32")
+    layer(x)
+    scope = AutocastScope(scope_dtype) if scope_dtype else contextlib.nullcontext()
+    with scope:
+        expected = layer(x)
+    layer_calls.clear()
+    with scope, direct_calls():
+        direct = layer(x)
+    assert layer_calls == []
+    assert keras.backend.standardize_dtype(direct.dtype) == keras.backend.standardize_dtype(expected.dtype)
+    np.testing.assert_array_equal(to_numpy(keras.ops.cast(direct, "float32")), to_numpy(keras.ops.cast(expected, "float32")))
+
+
+@pytest.mark.skipif(keras.config.backend() != "torch", reason="training steps call layers directly on PyTorch only")
+@pytest.mark.parametrize("dtype", ["float32", "mixed_bfloat16"])
+def test_training_steps_on_pytorch_call_layers_directly(dtype, layer_calls, monkeypatch):
+    """`fit`'s steps on PyTorch run inside `direct_calls()`: the same losses
+    and weights as through `Layer.__call__`, with dropout on."""
+    from keras_transformer.models.transformer import seq2seq_lm
+
+    rng = np.random.default_rng(0)
+    x = {
+        "encoder_token_ids": rng.integers(4, VOCABULARY, (4, 7)).astype("int32"),
+        "encoder_padding_mask": np.ones((4, 7), "int32"),
+        "decoder_token_ids": rng.integers(4, VOCABULARY, (4, 5)).astype("int32"),
+        "decoder_padding_mask": np.ones((4, 5), "int32"),
+    }
+    y = rng.integers(4, VOCABULARY, (4, 5)).astype("int32")
+
+    def train(model):
+        losses = [float(model.train_on_batch(x, y)[0]) for _ in range(3)]
+        return losses, model.backbone.get_weights()
+
+    keras.utils.set_random_seed(3)
+    model = _model(dtype)
+    model.compile()
+    model.train_on_batch(x, y)  # builds the step's state
+    keras.utils.set_random_seed(4)
+    layer_calls.clear()
+    with monkeypatch.context() as keras_calls:
+        keras_calls.setattr(seq2seq_lm, "direct_calls", contextlib.nullcontext)
+        expected_losses, expected_weights = train(model)
+    assert len(layer_calls) > 3 * 50
+
+    keras.utils.set_random_seed(3)
+    model = _model(dtype)
+    model.compile()
+    model.train_on_batch(x, y)
+    keras.utils.set_random_seed(4)
+    layer_calls.clear()
+    losses, weights = train(model)
+    # Only the task and its functional backbone go through `Layer.__call__`.
+    assert len(layer_calls) <= 3 * 2, sorted(set(layer_calls))
+    assert losses == expected_losses and len(set(losses)) == 3
+    for got, want in zip(weights, expected_weights):
+        np.testing.assert_array_equal(got, want)
 
 
 @pytest.mark.skipif(keras.config.backend() != "torch", reason="decoding calls layers directly on PyTorch only")

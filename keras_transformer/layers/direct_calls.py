@@ -1,14 +1,17 @@
-"""Calling built layers without Keras' per-call work, for decoding on PyTorch.
+"""Calling built layers without Keras' per-call work, for PyTorch.
 
 `keras.layers.Layer.__call__` does more than run the layer's `call`: it
 converts and checks the inputs, binds them to the call signature, resolves
 `training` and masks from the calls around it, and opens a name scope and an
 autocast scope. A decoding step of this package's models calls about fifty
-layers, each for a few small matrix products. JAX and TensorFlow trace that
-work once into compiled code; PyTorch runs eagerly and pays it on every call,
-and it took longer than the arithmetic: with direct calls, PyTorch
-translates one sentence at a time (beam 4) 1.95x as fast, and 64 at a time
-1.44x (docs/benchmarks.md).
+layers, each for a few small matrix products, and a training step of the
+6+6-layer model about two hundred. JAX and TensorFlow trace that work once
+into compiled code; PyTorch runs eagerly and pays it on every call, and it
+took longer than the arithmetic: with direct calls, PyTorch translates one
+sentence at a time (beam 4) 1.95x as fast, and 64 at a time 1.44x
+(docs/benchmarks.md); a training step whose arithmetic is small takes
+0.62-0.68x the time in float32 and 0.80x in mixed precision
+(`benchmarks/step_overhead.py`).
 
 Inside `direct_calls()`, the layers of this package (and the Keras layers
 they hold, from the subclasses below) run `call` directly, or
@@ -16,16 +19,19 @@ they hold, from the subclasses below) run `call` directly, or
 changes nothing:
 
 - the layer is built (so no `build` is due);
-- it computes in the dtype of its variables, and no Keras autocast scope
-  is open (so none is due; a mixed-precision layer takes the full
-  `__call__`);
-- the caller passes tensors of the right dtypes and `training` explicitly,
-  reads no Keras masks and registers no PyTorch forward hooks (which only
-  `__call__` runs), as this package's decoding does.
+- a layer that computes in the dtype of its variables, with no Keras
+  autocast scope open, is called as it is: its caller passes tensors of the
+  right dtypes. Otherwise (mixed precision) its inputs are cast and its
+  autocast scope opened as `Layer.__call__` does it;
+- the caller passes `training` explicitly (a Keras model passes it to every
+  layer; it is dropped for layers whose `call` takes none), reads no Keras
+  masks and registers no PyTorch forward hooks (which only `__call__` runs),
+  as this package's models do.
 
 Keras offers no such path; it is kept here, small and opt-in, rather than
-patching `keras.layers.Layer`. Decoding on PyTorch enters it
-(`keras_transformer.decoding.compiled`).
+patching `keras.layers.Layer`. Decoding (`keras_transformer.decoding.compiled`)
+and the training and validation steps of `TransformerSeq2SeqLM` enter it on
+PyTorch.
 
 `in_place_cache_writes()` is the same kind of saving for the key/value
 cache: `keras.ops.slice_update` is functional, so on PyTorch it copies the
@@ -40,6 +46,7 @@ import threading
 import keras
 
 # Keras has no public accessor for the autocast scope its layer calls open.
+from keras.src.backend import AutocastScope
 from keras.src.backend import get_autocast_scope
 
 _state = threading.local()
@@ -113,20 +120,41 @@ def write_cache(cache, start, update):
 
 class DirectCall:
     """Mixin for `keras.layers.Layer` subclasses: inside `direct_calls()`,
-    calling the layer runs its `call` (or `quantized_call`) directly when
-    that is what `Layer.__call__` would run; otherwise `Layer.__call__`."""
+    calling a built layer runs its `call` (or `quantized_call`) directly,
+    with the input casts and autocast scope that `Layer.__call__` would
+    give it; otherwise `Layer.__call__`."""
 
     def __call__(self, *args, **kwargs):
-        if (
-            getattr(_state, "active", False)
-            and self.built
-            and self.compute_dtype == self.variable_dtype
-            and get_autocast_scope() is None
-        ):
-            if self.quantization_mode is not None:
-                return self.quantized_call(*args, **kwargs)
-            return self.call(*args, **kwargs)
-        return super().__call__(*args, **kwargs)
+        if not (getattr(_state, "active", False) and self.built):
+            return super().__call__(*args, **kwargs)
+        if "training" in kwargs and not self._call_has_training_arg:
+            # Keras models pass `training` to every layer they call.
+            kwargs = {key: value for key, value in kwargs.items() if key != "training"}
+        call = self.call if self.quantization_mode is None else self.quantized_call
+        current = get_autocast_scope()
+        if current is None and self.compute_dtype == self.variable_dtype:
+            return call(*args, **kwargs)  # the caller passes the right dtypes
+        # Mixed precision: `Layer.__call__`'s input casts and scope (its
+        # steps 1 and 7), for layers that compute in another dtype than
+        # their variables or run inside one that does.
+        if self._convert_input_args:
+            convert = lambda x: self.dtype_policy.convert_input(x, self.autocast, self.input_dtype)  # noqa: E731
+            args, kwargs = keras.tree.map_structure(convert, (args, kwargs))
+        scope = _autocast_scope(self, current)
+        if scope is None:
+            return call(*args, **kwargs)
+        with scope:
+            return call(*args, **kwargs)
+
+
+def _autocast_scope(layer, current):
+    """The autocast scope `Layer.__call__` opens for `layer` inside the
+    `current` one (None: it keeps `current`)."""
+    if current is not None:
+        if not layer.autocast or not keras.backend.is_float_dtype(layer.compute_dtype):
+            return AutocastScope(None)
+        return AutocastScope(layer.compute_dtype) if current.dtype != layer.compute_dtype else None
+    return AutocastScope(layer.compute_dtype) if layer.compute_dtype != layer.variable_dtype else None
 
 
 # The Keras layers this package's layers hold, with the mixin. They add no

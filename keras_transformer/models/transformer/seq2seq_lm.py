@@ -17,6 +17,7 @@ from keras_transformer.decoding.rules import LENGTH_PENALTIES
 from keras_transformer.decoding.rules import check_alpha
 from keras_transformer.decoding.samplers import keras_hub_generate_step
 from keras_transformer.decoding.samplers import sample
+from keras_transformer.layers.direct_calls import direct_calls
 from keras_transformer.losses import LabelSmoothedCrossEntropy
 from keras_transformer.metrics import TokenAccuracy
 from keras_transformer.models.transformer.backbone import TransformerBackbone
@@ -147,9 +148,14 @@ class TransformerSeq2SeqLM(PresetIO, keras_hub.models.Seq2SeqLM):
         # run Keras's step through DistributedDataParallel.
         from keras_transformer import distribution
 
-        if distribution.torch_is_distributed():
-            return distribution.torch_ddp_train_step(self, *args, **kwargs)
-        return super().train_step(*args, **kwargs)
+        with _eager_direct_calls():
+            if distribution.torch_is_distributed():
+                return distribution.torch_ddp_train_step(self, *args, **kwargs)
+            return super().train_step(*args, **kwargs)
+
+    def test_step(self, *args, **kwargs):
+        with _eager_direct_calls():
+            return super().test_step(*args, **kwargs)
 
     def quantize(self, mode=None, config=None, filters=None, **kwargs):
         """Keras's weight quantization (`keras.Model.quantize`), of the
@@ -401,6 +407,17 @@ class TransformerSeq2SeqLM(PresetIO, keras_hub.models.Seq2SeqLM):
     def _detokenize(self, ids):
         self._require_tokenizer()
         return self.preprocessor.generate_postprocess([ids])[0]
+
+
+def _eager_direct_calls():
+    """`direct_calls()` on PyTorch, which runs every layer call of every
+    step eagerly: the step's layers skip Keras's per-call work. Where that
+    work dominates, a float32 step took 2.55-2.69x as long as
+    `torch.nn.Transformer`'s with it and 1.57-1.82x without
+    (`benchmarks/step_overhead.py`). JAX and TensorFlow trace the step once
+    per shape, so it changes nothing there.
+    """
+    return direct_calls() if keras.config.backend() == "torch" else contextlib.nullcontext()
 
 
 @contextlib.contextmanager
