@@ -138,13 +138,24 @@ class DirectCall:
         # steps 1 and 7), for layers that compute in another dtype than
         # their variables or run inside one that does.
         if self._convert_input_args:
-            convert = lambda x: self.dtype_policy.convert_input(x, self.autocast, self.input_dtype)  # noqa: E731
-            args, kwargs = keras.tree.map_structure(convert, (args, kwargs))
+            args = tuple(_converted(self, value) for value in args)
+            kwargs = {key: _converted(self, value) for key, value in kwargs.items()}
         scope = _autocast_scope(self, current)
         if scope is None:
             return call(*args, **kwargs)
         with scope:
             return call(*args, **kwargs)
+
+
+def _converted(layer, value):
+    """`value` as `Layer.__call__` converts an input: float tensors (also
+    inside lists, tuples and dicts) cast to the layer's input dtype."""
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    convert = lambda x: layer.dtype_policy.convert_input(x, layer.autocast, layer.input_dtype)  # noqa: E731
+    if isinstance(value, (list, tuple, dict)):
+        return keras.tree.map_structure(convert, value)
+    return convert(value)
 
 
 def _autocast_scope(layer, current):
