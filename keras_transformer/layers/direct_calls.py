@@ -10,7 +10,7 @@ into compiled code; PyTorch runs eagerly and pays it on every call, and it
 took longer than the arithmetic: with direct calls, PyTorch translates one
 sentence at a time (beam 4) 1.95x as fast, and 64 at a time 1.44x
 (docs/benchmarks.md); a training step whose arithmetic is small takes
-0.62-0.68x the time in float32 and 0.80x in mixed precision
+0.65-0.67x the time in float32 and 0.73-0.77x in mixed precision
 (`benchmarks/step_overhead.py`).
 
 Inside `direct_calls()`, the layers of this package (and the Keras layers

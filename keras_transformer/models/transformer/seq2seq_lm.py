@@ -412,8 +412,8 @@ class TransformerSeq2SeqLM(PresetIO, keras_hub.models.Seq2SeqLM):
 def _eager_direct_calls():
     """`direct_calls()` on PyTorch, which runs every layer call of every
     step eagerly: the step's layers skip Keras's per-call work. Where that
-    work dominates, a float32 step took 2.55-2.69x as long as
-    `torch.nn.Transformer`'s with it and 1.57-1.82x without
+    work dominates, a float32 step took 2.55-2.61x as long as
+    `torch.nn.Transformer`'s with it and 1.70-1.71x without
     (`benchmarks/step_overhead.py`). JAX and TensorFlow trace the step once
     per shape, so it changes nothing there.
     """
