@@ -32,10 +32,14 @@ import sys
 import time
 
 os.environ["KERAS_BACKEND"] = "torch"
+# The peer model and the processor line are train.py's.
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
+from train import processor  # noqa: E402
+from train import torch_transformer  # noqa: E402
 
 VOCABULARY, D_MODEL, D_FF, HEADS, BATCH, LENGTH = 200, 32, 64, 4, 8, 12
 
@@ -95,25 +99,9 @@ def keras_transformer_ms(layers, dtype, steps, keras_calls):
 
 def torch_ms(layers, dtype, steps):
     torch.manual_seed(0)
-
-    class Model(torch.nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.embedding = torch.nn.Embedding(VOCABULARY, D_MODEL)
-            self.transformer = torch.nn.Transformer(
-                D_MODEL, HEADS, layers, layers, D_FF, dropout=0.1, batch_first=True
-            )
-
-        def forward(self, enc, dec):
-            mask = torch.nn.Transformer.generate_square_subsequent_mask(dec.shape[1])
-            hidden = self.transformer(
-                self.embedding(enc) * D_MODEL**0.5, self.embedding(dec) * D_MODEL**0.5, tgt_mask=mask,
-                src_key_padding_mask=enc == 0, tgt_key_padding_mask=dec == 0,
-                memory_key_padding_mask=enc == 0, tgt_is_causal=True,
-            )
-            return hidden @ self.embedding.weight.T
-
-    model = Model()
+    model = torch_transformer(
+        dict(d_model=D_MODEL, d_ff=D_FF, num_heads=HEADS, num_layers=layers, vocabulary_size=VOCABULARY)
+    )
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-4, betas=(0.9, 0.98), eps=1e-9)
     loss_fn = torch.nn.CrossEntropyLoss(ignore_index=0, label_smoothing=0.1)
     x, y, _ = batch()
@@ -144,9 +132,6 @@ def main():
 
     # torch.nn.Transformer warns about its masks' types on every call.
     warnings.filterwarnings("ignore", category=UserWarning)
-    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    from train import processor
-
     print(f"Processor: {processor()}; PyTorch {torch.__version__}, Keras {keras.__version__}, one thread")
     print(f"Model: d_model {D_MODEL}, d_ff {D_FF}, {HEADS} heads, vocabulary {VOCABULARY}; "
           f"{BATCH} sentences of {LENGTH} tokens a side\n")

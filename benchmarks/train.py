@@ -242,21 +242,20 @@ def worker_keras(data_dir, steps, dtypes, with_keras_hub, token_ids=None):
     print(json.dumps(results))
 
 
-def worker_torch(data_dir, steps, dtypes, token_ids=None):
+def torch_transformer(config):
+    """The PyTorch peer: `torch.nn.Transformer` of `config`'s size with a
+    tied embedding scaled by sqrt(d_model); token id 0 is padding. Called
+    on `(encoder_ids, decoder_ids)`, it returns the logits."""
     import torch
 
-    torch.manual_seed(0)
-    device = "cuda" if torch.cuda.is_available() else "cpu"
-    encoder_ids, decoder_ids = load_data(data_dir, 20000, token_ids)
-    batches, padding = budget_batches(encoder_ids, decoder_ids, steps)
-    d = CONFIG["d_model"]
+    d = config["d_model"]
 
     class Model(torch.nn.Module):
         def __init__(self):
             super().__init__()
-            self.embedding = torch.nn.Embedding(CONFIG["vocabulary_size"], d)
+            self.embedding = torch.nn.Embedding(config["vocabulary_size"], d)
             self.transformer = torch.nn.Transformer(
-                d, CONFIG["num_heads"], CONFIG["num_layers"], CONFIG["num_layers"], CONFIG["d_ff"],
+                d, config["num_heads"], config["num_layers"], config["num_layers"], config["d_ff"],
                 dropout=0.1, batch_first=True,
             )
 
@@ -269,6 +268,17 @@ def worker_torch(data_dir, steps, dtypes, token_ids=None):
             )
             return hidden @ self.embedding.weight.T
 
+    return Model()
+
+
+def worker_torch(data_dir, steps, dtypes, token_ids=None):
+    import torch
+
+    torch.manual_seed(0)
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    encoder_ids, decoder_ids = load_data(data_dir, 20000, token_ids)
+    batches, padding = budget_batches(encoder_ids, decoder_ids, steps)
+
     def flops(batch):
         x, y, _ = batch
         return step_flops(len(y), x["encoder_token_ids"].shape[1], y.shape[1])
@@ -276,7 +286,7 @@ def worker_torch(data_dir, steps, dtypes, token_ids=None):
     results = {"backend": "torch"}
     for dtype in dtypes:
         torch.manual_seed(0)
-        model = Model().to(device)
+        model = torch_transformer(CONFIG).to(device)
         optimizer = torch.optim.Adam(model.parameters(), lr=1e-4, betas=(0.9, 0.98), eps=1e-9)
         loss_fn = torch.nn.CrossEntropyLoss(ignore_index=0, label_smoothing=0.1)
         # Mixed precision as PyTorch does it: float32 weights, bfloat16 autocast.
