@@ -21,8 +21,8 @@ class LabelSmoothedCrossEntropy(keras.losses.Loss):
 
         -(1 - eps) * lp[y] - eps / (V - 1) * (sum(lp) - lp[y])
 
-    which needs only a gather and a sum over the vocabulary, never a one-hot
-    of it. Positions whose label is `ignore_class` (padding) contribute
+    which needs only the label's log-probability and a sum over the
+    vocabulary, never the smoothed distribution written out. Positions whose label is `ignore_class` (padding) contribute
     nothing, and the loss is averaged over the remaining tokens.
 
     Args:
@@ -75,9 +75,7 @@ class LabelSmoothedCrossEntropy(keras.losses.Loss):
         if self.ignore_class is not None:
             valid = ops.not_equal(labels, self.ignore_class)
             labels = ops.where(valid, labels, 0)
-        true_log_prob = ops.squeeze(
-            ops.take_along_axis(log_probs, ops.expand_dims(labels, -1), axis=-1), -1
-        )
+        true_log_prob = _label_log_prob(log_probs, labels, vocabulary_size)
         eps = self.label_smoothing
         loss = -(1.0 - eps) * true_log_prob
         if eps > 0:
@@ -98,3 +96,22 @@ class LabelSmoothedCrossEntropy(keras.losses.Loss):
             }
         )
         return config
+
+
+def _label_log_prob(log_probs, labels, vocabulary_size):
+    """`log_probs[..., label]`, in the form whose gradient each backend
+    computes fastest.
+
+    PyTorch gathers it. Elsewhere the label's entry is picked by comparing
+    the vocabulary's ids with the label: the gradient is then a select over
+    the `(tokens, vocabulary)` gradient, where a gather's is a scatter into
+    zeros of that shape, which TensorFlow runs as one `UnsortedSegmentSum`.
+    Value and gradient of the whole loss on (273, 15, 8,000) float32 logits,
+    a 2-core Intel Xeon: TensorFlow 200 ms with the comparison against 255
+    with the gather; JAX 87 against 90; PyTorch 97 against 65, so PyTorch
+    keeps the gather.
+    """
+    if keras.config.backend() == "torch":
+        return ops.squeeze(ops.take_along_axis(log_probs, ops.expand_dims(labels, -1), axis=-1), -1)
+    is_label = ops.equal(ops.expand_dims(labels, -1), ops.arange(vocabulary_size, dtype=labels.dtype))
+    return ops.sum(ops.where(is_label, log_probs, ops.zeros((), log_probs.dtype)), axis=-1)

@@ -90,3 +90,39 @@ def test_serializable_and_validates():
     assert_config_round_trip(loss)
     with pytest.raises(ValueError, match="label_smoothing"):
         LabelSmoothedCrossEntropy(label_smoothing=1.0)
+
+
+@pytest.mark.parametrize("eps", [0.0, 0.1])
+def test_gradient_is_softmax_minus_smoothed_target_over_real_tokens(eps):
+    """d loss / d logits = (softmax(logits) - target) / (real tokens), zero
+    at padding: the gradient of every backend's form of the label's
+    log-probability (a gather on PyTorch, a comparison elsewhere)."""
+    rng = np.random.default_rng(1)
+    logits = rng.normal(size=(2, 4, 11)).astype("float32") * 2
+    labels = rng.integers(1, 11, size=(2, 4))
+    labels[1, 2:] = 0
+    loss = LabelSmoothedCrossEntropy(label_smoothing=eps, ignore_class=0)
+    probs = np.exp(logits) / np.exp(logits).sum(-1, keepdims=True)
+    target = np.full(logits.shape, eps / 10)
+    np.put_along_axis(target, labels[..., None], 1.0 - eps, axis=-1)
+    expected = (probs - target) * (labels != 0)[..., None] / (labels != 0).sum()
+    backend = keras.config.backend()
+    if backend == "jax":
+        import jax
+
+        gradient = np.asarray(jax.grad(lambda x: loss(labels, x))(logits))
+    elif backend == "tensorflow":
+        import tensorflow as tf
+
+        x = tf.constant(logits)
+        with tf.GradientTape() as tape:
+            tape.watch(x)
+            value = loss(labels, x)
+        gradient = tape.gradient(value, x).numpy()
+    else:
+        import torch
+
+        x = torch.tensor(logits, requires_grad=True)
+        loss(torch.tensor(labels), x).backward()
+        gradient = x.grad.numpy()
+    np.testing.assert_allclose(gradient, expected, atol=1e-6)
