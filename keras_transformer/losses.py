@@ -22,8 +22,9 @@ class LabelSmoothedCrossEntropy(keras.losses.Loss):
         -(1 - eps) * lp[y] - eps / (V - 1) * (sum(lp) - lp[y])
 
     which needs only the label's log-probability and a sum over the
-    vocabulary, never the smoothed distribution written out. Positions whose label is `ignore_class` (padding) contribute
-    nothing, and the loss is averaged over the remaining tokens.
+    vocabulary, never the smoothed distribution written out. Positions
+    whose label is `ignore_class` (padding) contribute nothing, and the
+    loss is averaged over the remaining tokens.
 
     Args:
         label_smoothing: eps_ls (the paper: 0.1). 0 gives plain
