@@ -280,3 +280,21 @@ def test_cli_translate_and_presets(saved, capsys, tmp_path):
     cli.main(["presets", "--json"])
     listed = json.loads(capsys.readouterr().out)
     assert listed.keys() == presets.list_presets().keys()
+
+
+def test_a_fresh_process_checks_a_saved_directory_before_loading_any_model(saved):
+    """`keras-transformer evaluate RUN/model` checks the preset before it
+    imports the models, whose classes register themselves on import: the
+    check must know them all the same."""
+    import subprocess
+    import sys
+
+    _, directory = saved
+    script = (
+        "import sys\n"
+        "from keras_transformer import presets\n"
+        "assert 'keras_transformer.models' not in sys.modules\n"
+        "presets.check(sys.argv[1], ('config', 'tokenizer'))\n"
+    )
+    result = subprocess.run([sys.executable, "-c", script, directory], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]

@@ -124,6 +124,10 @@ def _check_classes(path, config):
     configs, such as a `Lambda`; this names the file before it gets there.)"""
     import keras
 
+    # The package's classes register themselves when their modules load,
+    # which a command line that checks a preset first has not done yet.
+    import keras_transformer.models  # noqa: F401
+
     known = {name for name in keras.saving.get_custom_objects() if name.startswith(PACKAGE_PREFIX)}
     for item in _objects(config):
         registered = item.get("registered_name")
