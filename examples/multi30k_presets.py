@@ -64,10 +64,16 @@ def preset_name(pair):
     return "transformer_multi30k_" + pair.replace("-", "_")
 
 
-def train_command(pair):
+def train_command(pair, run=None):
+    """The first stage's `keras-transformer train` command; with `run` (its
+    run.json), the seed and dtype that run trained with."""
     source, target = PAIRS[pair]
+    run = run or {}
+    settings = {**SETTINGS, "seed": run.get("seed", SETTINGS["seed"])}
+    if run.get("dtype") not in (None, "float32"):
+        settings["dtype"] = run["dtype"]
     options = " ".join(
-        f"--{key.replace('_', '-')} {value}" for key, value in SETTINGS.items() if key != "config"
+        f"--{key.replace('_', '-')} {value}" for key, value in settings.items() if key != "config"
     )
     return (
         f"keras-transformer train --source {source} --target {target} --config {SETTINGS['config']} "
@@ -125,6 +131,64 @@ def train(args):
         train_multi30k(args.run_dir, source=source, target=target, data_dir=args.data_dir, **SETTINGS)
 
 
+def distill_command(pair, teachers):
+    """The command that writes a distillation stage's data."""
+    names = " ".join(["PREVIOUS", *[f"TEACHER{i}" for i in range(2, teachers + 1)]])
+    return (f"python examples/multi30k_presets.py distill --pair {pair} --data-dir DATA --teachers {names} "
+            "--run-dir DISTILLED")
+
+
+def distill(args):
+    """Sequence-level knowledge distillation (Kim and Rush, 2016), its data:
+    the training sources translated by an ensemble of teachers (beam 4,
+    alpha 0.6, with `keras-transformer translate`), in a directory laid out
+    as Multi30k's (`--run-dir`), with the other splits copied unchanged and
+    `distillation.json` recording the teachers. A later stage trains on it:
+    `train --from-preset PREVIOUS --data-dir DISTILLED`."""
+    from keras_transformer import cli
+    from keras_transformer.datasets import multi30k
+
+    source, target = PAIRS[args.pair]
+    if not args.teachers:
+        raise SystemExit("distill needs --teachers: the presets whose ensemble translates the training sources.")
+    if os.path.exists(args.run_dir) and os.listdir(args.run_dir):
+        raise SystemExit(f"{args.run_dir} is not empty: choose another --run-dir for the distilled data.")
+    record = distillation_record(args.pair, args.teachers)  # fails early on a teacher without metadata
+    os.makedirs(args.run_dir, exist_ok=True)
+    for name in os.listdir(args.data_dir):
+        if name.endswith(".gz") and not name.startswith("train."):
+            shutil.copy(os.path.join(args.data_dir, name), args.run_dir)
+    sources = os.path.join(args.run_dir, f"train.{source}")
+    with open(sources, "w", encoding="utf-8") as f:
+        f.write("".join(line + "\n" for line in multi30k.read_lines("train", source, args.data_dir)))
+    ensemble = [option for teacher in args.teachers[1:] for option in ("--ensemble", teacher)]
+    cli.main(["translate", "--preset", args.teachers[0], *ensemble, "--beam-size", str(DECODING["beam_size"]),
+              "--alpha", str(DECODING["alpha"]), "-i", sources, "-o", os.path.join(args.run_dir, f"train.{target}")])
+    with open(os.path.join(args.run_dir, "distillation.json"), "w") as f:
+        json.dump(record, f, indent=1)
+    print(f"Wrote {args.run_dir}: train on it with `train --from-preset {args.teachers[0]} --data-dir {args.run_dir}`")
+
+
+def distillation_record(pair, teachers):
+    """What `distillation.json` holds: the translation command and each
+    teacher's training record and scores (by role, not by path)."""
+    from keras_transformer.presets import preset_metadata
+
+    record = {"method": "sequence-level knowledge distillation: the training targets are an ensemble's "
+                        "beam-search translations of the training sources",
+              "command": distill_command(pair, len(teachers)), "decoding": DECODING, "teachers": []}
+    for i, teacher in enumerate(teachers):
+        metadata = preset_metadata(teacher)
+        if not metadata.get("training"):
+            raise SystemExit(f"Teacher {teacher!r} has no training record in its metadata.json.")
+        record["teachers"].append({
+            "role": "PREVIOUS (the stage this one goes on from)" if i == 0 else f"TEACHER{i + 1}",
+            "training": metadata["training"],
+            "scores": metadata.get("scores") or metadata.get("scores_lowercase"),
+        })
+    return record
+
+
 def training_record(args, run):
     """The `training` block of the metadata: one stage, or, for a run from
     a preset, that preset's stages and this one."""
@@ -136,7 +200,7 @@ def training_record(args, run):
 
     saved = read_metadata(os.path.join(args.run_dir, "model")).get("training", {})
     stage = {
-        "command": train_command(args.pair),
+        "command": train_command(args.pair, run),
         "example": f"python examples/multi30k_presets.py train --pair {args.pair} --data-dir DATA --run-dir RUN",
         "settings": settings,
         "steps": saved.get("steps", (run.get("initial_step") or 0) + run["epochs"] * run["steps_per_epoch"]),
@@ -169,12 +233,26 @@ def training_record(args, run):
         started_from=f"STAGE1 = STAGE1_ROOT/{preset_name(args.pair)}: the previous stage packaged by "
                      f"`{package_first}` (float16 weights)",
     )
+    if getattr(args, "distilled_data", None):
+        with open(os.path.join(args.distilled_data, "distillation.json")) as f:
+            distillation = json.load(f)
+        stage.update(
+            command=distillation["command"] + " && " + longer_command(args.pair, run["epochs"]).replace(
+                "STAGE1", "PREVIOUS").replace("DATA", "DISTILLED").replace("RUN2", "RUN3"),
+            example=f"python examples/multi30k_presets.py train --pair {args.pair} --data-dir DISTILLED "
+                    "--run-dir RUN3 --from-preset PREVIOUS",
+            started_from=f"PREVIOUS = {preset_name(args.pair)} as trained by the stages before",
+            distillation=distillation,
+        )
     stages = before.pop("stages", None) or [before]
     stages = [*stages, stage]
     stage1 = f"STAGE1_ROOT/{preset_name(args.pair)}"
     command = stages[0]["command"]
     for later in stages[1:]:
-        command += f" && {package_first} && {later['command'].replace('STAGE1', stage1)}"
+        if "distillation" in later:  # it names the stage it goes on from itself
+            command += f" && {later['command']}"
+        else:
+            command += f" && {package_first} && {later['command'].replace('STAGE1', stage1)}"
     return {
         "command": command,
         "stages": stages,
@@ -275,16 +353,20 @@ def package(args):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("step", choices=["train", "package"])
+    parser.add_argument("step", choices=["train", "package", "distill"])
     parser.add_argument("--pair", choices=sorted(PAIRS), default="en-de")
     parser.add_argument("--data-dir", default=os.environ.get("KERAS_TRANSFORMER_MULTI30K"))
-    parser.add_argument("--run-dir", required=True, help="the training run's directory")
+    parser.add_argument("--run-dir", required=True,
+                        help="the training run's directory (`distill`: where the distilled data goes)")
     parser.add_argument("--output-root", default=PACKAGE_PRESETS, help="where `package` writes the preset")
     parser.add_argument("--hardware", help="what trained the run, for the metadata")
     parser.add_argument("--from-preset", help="`train`: a second stage, from this packaged first stage")
     parser.add_argument("--limit", type=int, help="score only the first N test sentences (a smoke test)")
+    parser.add_argument("--teachers", nargs="+", help="`distill`: the presets of the teacher ensemble, the "
+                        "stage to go on from first")
+    parser.add_argument("--distilled-data", help="`package`: the run trained on this `distill` output")
     args = parser.parse_args()
-    {"train": train, "package": package}[args.step](args)
+    {"train": train, "package": package, "distill": distill}[args.step](args)
 
 
 if __name__ == "__main__":

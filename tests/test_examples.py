@@ -1,4 +1,4 @@
-"""The example that packages the shipped presets records what the run did."""
+"""The examples: packaging the shipped presets records what the run did; training from token ids."""
 
 import argparse
 import importlib.util
@@ -28,3 +28,55 @@ def test_packaging_records_the_steps_trained_and_checkpoints_averaged(tmp_path):
     args = argparse.Namespace(pair="en-de", run_dir=str(tmp_path), hardware="test")
     record = presets_example.training_record(args, run)
     assert record["steps"] == 30 and record["averaged_checkpoints"] == 3
+
+
+def test_token_ids_keep_every_sequence_and_its_length():
+    token_ids_example = _load_example("multi30k_token_ids")
+    sequences = [[2, 7, 3], [2, 3], [2, 9, 9, 9, 9, 3], [5]]
+    flat = token_ids_example._flat(sequences)
+    assert flat.dtype == "int32" and len(flat) == len(sequences) + sum(map(len, sequences))
+    assert token_ids_example._unflat(flat, len(sequences)) == sequences
+
+
+def test_weights_of_another_architecture_are_refused_and_nothing_is_written(tmp_path):
+    import numpy as np
+    import pytest
+
+    token_ids_example = _load_example("multi30k_token_ids")
+    np.savez(tmp_path / "weights.npz", np.zeros((3, 4), "float16"))
+    output = tmp_path / "preset"
+    args = argparse.Namespace(weights=str(tmp_path / "weights.npz"), preset="transformer_multi30k_en_de",
+                              output_dir=str(output))
+    with pytest.raises(SystemExit, match="does not hold the weights"):
+        token_ids_example.to_preset(args)
+    assert not output.exists()
+
+
+def test_the_first_stage_command_names_the_seed_and_dtype_the_run_used():
+    presets_example = _load_example("multi30k_presets")
+    assert "--seed 0 " in presets_example.train_command("en-de") and "--dtype" not in presets_example.train_command(
+        "en-de"
+    )
+    command = presets_example.train_command("en-de", {"seed": 1, "dtype": "mixed_bfloat16"})
+    assert "--seed 1 --dtype mixed_bfloat16 " in command
+
+
+def test_a_distilled_stage_records_its_teachers_and_its_data(tmp_path):
+    presets_example = _load_example("multi30k_presets")
+    earlier = {"command": "STAGE ONE", "steps": 100, "averaged_checkpoints": 5, "wall_time_hours": 1.0,
+               "hardware": "cpu", "backend": "torch"}
+    run = {"epochs": 2, "steps_per_epoch": 10, "keep_checkpoints": 5, "backend": "torch", "initial_step": 100,
+           "initial_preset": "PREVIOUS", "initial_training": earlier}
+    (tmp_path / "run" / "model").mkdir(parents=True)
+    (tmp_path / "run" / "model" / "metadata.json").write_text(json.dumps({"training": {"steps": 120}}))
+    (tmp_path / "distilled").mkdir()
+    distillation = {"command": "DISTILL", "teachers": [{"role": "PREVIOUS"}, {"role": "TEACHER2"}]}
+    (tmp_path / "distilled" / "distillation.json").write_text(json.dumps(distillation))
+    args = argparse.Namespace(pair="en-de", run_dir=str(tmp_path / "run"), hardware="test",
+                              distilled_data=str(tmp_path / "distilled"))
+    record = presets_example.training_record(args, run)
+    last = record["stages"][-1]
+    assert last["distillation"] == distillation and record["steps"] == 120
+    assert last["command"].startswith("DISTILL && keras-transformer train --from-preset PREVIOUS ")
+    assert "--data-dir DISTILLED --output-dir RUN3" in last["command"]
+    assert record["command"] == f"STAGE ONE && {last['command']}"
