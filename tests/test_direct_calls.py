@@ -229,3 +229,34 @@ def test_cache_writes_in_place_only_where_the_caller_owns_the_cache():
         in_place = name == "both" and keras.config.backend() == "torch"
         assert (written is cache) == in_place, name
         assert float(to_numpy(cache).sum()) == (6.0 if in_place else 0.0), name
+
+
+@pytest.mark.parametrize(
+    "equation, input_shape, output_shape, bias_axes",
+    [
+        ("btd,dnh->btnh", (3, 5, 8), (None, 2, 4), "nh"),  # split into heads
+        ("btnh,nhd->btd", (3, 5, 2, 4), (None, 8), "d"),  # heads joined
+        ("abc,cd->abd", (3, 5, 8), (None, 6), "d"),  # another equation: Keras's einsum
+    ],
+)
+@pytest.mark.parametrize("direct", [False, True])
+def test_projections_compute_numpys_einsum(equation, input_shape, output_shape, bias_axes, direct):
+    from keras_transformer.layers.direct_calls import EinsumDense
+
+    layer = EinsumDense(equation, output_shape=output_shape, bias_axes=bias_axes, bias_initializer="random_normal")
+    x = np.random.randn(*input_shape).astype("float32")
+    layer.build(input_shape)
+    kernel, bias = (to_numpy(w) for w in layer.weights)
+    expected = np.einsum(equation, x, kernel) + bias
+    with direct_calls() if direct else contextlib.nullcontext():
+        found = to_numpy(layer(keras.ops.convert_to_tensor(x)))
+    np.testing.assert_allclose(found, expected, rtol=1e-5, atol=1e-5)
+
+
+def test_the_attention_projections_run_as_matrix_products():
+    from keras_transformer.layers.direct_calls import _as_matrix_product
+
+    assert _as_matrix_product("btd,dnh->btnh") == _as_matrix_product("bsd,dnh->bsnh") == "split"
+    assert _as_matrix_product("btnh,nhd->btd") == "join"
+    # Other equations keep Keras's einsum.
+    assert _as_matrix_product("abc,cd->abd") is None and _as_matrix_product("btd,dnh->bnth") is None
