@@ -236,7 +236,7 @@ def test_cache_writes_in_place_only_where_the_caller_owns_the_cache():
     [
         ("btd,dnh->btnh", (3, 5, 8), (None, 2, 4), "nh"),  # split into heads
         ("btnh,nhd->btd", (3, 5, 2, 4), (None, 8), "d"),  # heads joined
-        ("abc,cd->abd", (3, 5, 8), (None, 6), "d"),  # another equation: Keras's einsum
+        ("abc,cd->abd", (3, 5, 8), (None, 6), "d"),  # a plain dense layer
     ],
 )
 @pytest.mark.parametrize("direct", [False, True])
@@ -252,11 +252,3 @@ def test_projections_compute_numpys_einsum(equation, input_shape, output_shape, 
         found = to_numpy(layer(keras.ops.convert_to_tensor(x)))
     np.testing.assert_allclose(found, expected, rtol=1e-5, atol=1e-5)
 
-
-def test_the_attention_projections_run_as_matrix_products():
-    from keras_transformer.layers.direct_calls import _as_matrix_product
-
-    assert _as_matrix_product("btd,dnh->btnh") == _as_matrix_product("bsd,dnh->bsnh") == "split"
-    assert _as_matrix_product("btnh,nhd->btd") == "join"
-    # Other equations keep Keras's einsum.
-    assert _as_matrix_product("abc,cd->abd") is None and _as_matrix_product("btd,dnh->bnth") is None

@@ -184,33 +184,7 @@ class Dense(DirectCall, keras.layers.Dense):
 
 @keras.saving.register_keras_serializable(package="keras_transformer")
 class EinsumDense(DirectCall, keras.layers.EinsumDense):
-    """`keras.layers.EinsumDense` that honours `direct_calls()`.
-
-    On PyTorch, the attention's projections, which split the model
-    dimension into heads (`"btd,dnh->btnh"`) or join them
-    (`"btnh,nhd->btd"`), run as one matrix product with the kernel viewed
-    as a matrix: `torch.einsum` permutes and copies around the same product,
-    and took 1.2x (splitting) and 1.5x (joining) its time for a decoding
-    step's 256 rows at d_model 256 (one thread). JAX and TensorFlow compile
-    the einsum to that product already.
-    """
-
-    def call(self, inputs, training=None):
-        joined = _as_matrix_product(self.equation)
-        if joined is None or keras.config.backend() != "torch" or self.quantization_mode is not None:
-            return super().call(inputs, training=training)
-        kernel = self.kernel
-        if joined == "split":  # (..., d) @ (d, n * h) -> (..., n, h)
-            x = keras.ops.matmul(inputs, keras.ops.reshape(kernel, (kernel.shape[0], -1)))
-            x = keras.ops.reshape(x, tuple(inputs.shape[:-1]) + tuple(kernel.shape[1:]))
-        else:  # (..., n, h) -> (..., n * h) @ (n * h, d)
-            x = keras.ops.reshape(inputs, tuple(inputs.shape[:-2]) + (-1,))
-            x = keras.ops.matmul(x, keras.ops.reshape(kernel, (-1, kernel.shape[-1])))
-        if self.bias is not None:
-            x = keras.ops.add(x, self.bias)
-        if self.activation is not None:
-            x = self.activation(x)
-        return x
+    """`keras.layers.EinsumDense` that honours `direct_calls()`."""
 
     def quantize(self, mode=None, type_check=True, config=None):
         # Keras quantizes subclasses only when they opt in; this one changes
@@ -227,16 +201,3 @@ class LayerNormalization(DirectCall, keras.layers.LayerNormalization):
 class Dropout(DirectCall, keras.layers.Dropout):
     """`keras.layers.Dropout` that honours `direct_calls()` (its `call`
     returns the input unless `training` is true)."""
-
-
-def _as_matrix_product(equation):
-    """`"split"` for `"btd,dnh->btnh"`-like equations (the last input axis
-    into two kernel axes), `"join"` for `"btnh,nhd->btd"`-like ones (the
-    last two input axes into one), None for any other equation."""
-    inputs, output = equation.replace(" ", "").split("->")
-    x, kernel = inputs.split(",")
-    if len(kernel) == 3 and len(x) >= 2 and x[-1] == kernel[0] and output == x[:-1] + kernel[1:]:
-        return "split"
-    if len(kernel) == 3 and len(x) >= 3 and x[-2:] == kernel[:2] and output == x[:-2] + kernel[2]:
-        return "join"
-    return None
