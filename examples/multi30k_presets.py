@@ -151,12 +151,14 @@ def distill(args):
     source, target = PAIRS[args.pair]
     if not args.teachers:
         raise SystemExit("distill needs --teachers: the presets whose ensemble translates the training sources.")
+    if not args.data_dir:
+        raise SystemExit("distill needs --data-dir (or $KERAS_TRANSFORMER_MULTI30K): the Multi30k files it copies.")
     if os.path.exists(args.run_dir) and os.listdir(args.run_dir):
         raise SystemExit(f"{args.run_dir} is not empty: choose another --run-dir for the distilled data.")
     record = distillation_record(args.pair, args.teachers)  # fails early on a teacher without metadata
     os.makedirs(args.run_dir, exist_ok=True)
-    for name in os.listdir(args.data_dir):
-        if name.endswith(".gz") and not name.startswith("train."):
+    for name in os.listdir(args.data_dir):  # the other splits' files, compressed or not
+        if not name.startswith("train.") and name.removesuffix(".gz").rsplit(".", 1)[-1] in ("en", "de", "fr", "cs"):
             shutil.copy(os.path.join(args.data_dir, name), args.run_dir)
     sources = os.path.join(args.run_dir, f"train.{source}")
     with open(sources, "w", encoding="utf-8") as f:

@@ -80,3 +80,48 @@ def test_a_distilled_stage_records_its_teachers_and_its_data(tmp_path):
     assert last["command"].startswith("DISTILL && keras-transformer train --from-preset PREVIOUS ")
     assert "--data-dir DISTILLED --output-dir RUN3" in last["command"]
     assert record["command"] == f"STAGE ONE && {last['command']}"
+
+
+def test_distill_writes_the_ensembles_translations_beside_the_other_splits(tmp_path, monkeypatch):
+    import gzip
+
+    import pytest
+
+    from keras_transformer import cli
+
+    presets_example = _load_example("multi30k_presets")
+    data = tmp_path / "data"
+    data.mkdir()
+    lines = {"train.en": ["A dog runs.", "Two men talk."], "train.de": ["Ein Hund rennt.", "Zwei Männer reden."],
+             "val.en": ["A cat."], "val.de": ["Eine Katze."]}
+    for name, text in lines.items():
+        with gzip.open(data / f"{name}.gz", "wt", encoding="utf-8") as f:
+            f.write("".join(line + "\n" for line in text))
+    (data / "README.md").write_text("not a split")
+    calls = []
+
+    def translate(argv):  # stands in for the teachers' ensemble
+        calls.append(argv)
+        source, output = argv[argv.index("-i") + 1], argv[argv.index("-o") + 1]
+        with open(source) as f, open(output, "w") as g:
+            g.write("".join(f"T({line.strip()})\n" for line in f))
+
+    monkeypatch.setattr(cli, "main", translate)
+    monkeypatch.setenv("KERAS_TRANSFORMER_MULTI30K_VERIFY", "0")
+    run_dir = tmp_path / "distilled"
+    args = argparse.Namespace(pair="en-de", data_dir=str(data), run_dir=str(run_dir),
+                              teachers=["transformer_multi30k_en_de", "transformer_multi30k_en_de"])
+    presets_example.distill(args)
+    [argv] = calls
+    assert argv[:3] == ["translate", "--preset", "transformer_multi30k_en_de"]
+    assert argv[argv.index("--ensemble") + 1] == "transformer_multi30k_en_de"
+    assert argv[argv.index("--beam-size") + 1] == "4" and argv[argv.index("--alpha") + 1] == "0.6"
+    assert sorted(os.listdir(run_dir)) == ["distillation.json", "train.de", "train.en", "val.de.gz", "val.en.gz"]
+    assert (run_dir / "train.de").read_text().splitlines() == ["T(A dog runs.)", "T(Two men talk.)"]
+    record = json.loads((run_dir / "distillation.json").read_text())
+    assert [t["role"] for t in record["teachers"]] == ["PREVIOUS (the stage this one goes on from)", "TEACHER2"]
+    assert record["teachers"][0]["training"]["command"].startswith("keras-transformer train")
+    # The distilled data is never written over.
+    with pytest.raises(SystemExit, match="not empty"):
+        presets_example.distill(args)
+    assert len(calls) == 1
