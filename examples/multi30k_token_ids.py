@@ -34,7 +34,6 @@ import numpy as np
 
 SPLITS = ("train", "val", "test_2016_flickr", "test_2017_flickr")
 LANGUAGES = ("en", "de")
-SMALL = dict(num_layers=3, d_model=256, d_ff=1024, num_heads=4, dropout=0.3)
 
 
 def prepare(args):
@@ -96,6 +95,7 @@ def train(args):
     from keras_transformer.data.batching import TokenBudgetBatches
     from keras_transformer.decoding.beam import beam_search
     from keras_transformer.metrics import corpus_scores
+    from keras_transformer.models import CONFIGS
     from keras_transformer.models import TransformerBackbone
     from keras_transformer.models import TransformerSeq2SeqLM
     from keras_transformer.schedules import paper_optimizer
@@ -108,13 +108,15 @@ def train(args):
         data.ids("train", "encoder", source)[: args.limit], data.ids("train", "decoder", target)[: args.limit],
         max_tokens=args.max_tokens, max_length=256, seed=args.seed,
     )
-    vocabulary_size = data.detokenizer().get_piece_size()
-    backbone = TransformerBackbone(vocabulary_size=vocabulary_size, max_sequence_length=256,
-                                   **{**SMALL, "dropout": args.dropout})
+    detokenizer = data.detokenizer()
+    backbone = TransformerBackbone(vocabulary_size=detokenizer.get_piece_size(), max_sequence_length=256,
+                                   **{**CONFIGS["small"], "dropout": args.dropout})
     model = TransformerSeq2SeqLM(backbone)
     model.compile(optimizer=paper_optimizer(backbone.d_model, args.warmup_steps), label_smoothing=0.1)
     print(f"{backbone.count_params():,} parameters, {len(batches)} batches an epoch")
 
+    # Averaged in memory rather than through `keras_transformer.callbacks`'
+    # checkpoint files: a rented machine's disk is gone when it is.
     class AverageLastEpochs(keras.callbacks.Callback):
         """Keeps the weights of the last `keep` epochs in memory (section 6.1's averaging) and stops
         after the last epoch that ends, with time to score, before `--seconds` have passed."""
@@ -145,10 +147,11 @@ def train(args):
     keras.Model.fit(model, repeated(), steps_per_epoch=len(batches), epochs=args.epochs, callbacks=[average], verbose=0)
     backbone.set_weights([np.mean(w, axis=0).astype(w[0].dtype) for w in zip(*average.kept)])
 
-    detokenizer = data.detokenizer()
     result = {"pair": args.pair, "seed": args.seed, "epochs": len(average.epoch_seconds),
               "steps": len(average.epoch_seconds) * len(batches), "averaged_epochs": len(average.kept),
               "seconds_an_epoch": round(float(np.median(average.epoch_seconds)), 2), "hardware": _hardware()}
+    # On token ids with beam_search: `evaluate_translation` takes text, and
+    # its tokenizer needs TensorFlow.
     for split in ("val", "test_2016_flickr", "test_2017_flickr"):
         sources = data.ids(split, "encoder", source)[: args.score_limit]
         translations = [None] * len(sources)
