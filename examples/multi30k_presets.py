@@ -90,15 +90,16 @@ def longer_settings(pair, epochs=None):
     return {**{k: v for k, v in SETTINGS.items() if k not in skip}, "epochs": epochs}
 
 
-def longer_command(pair, epochs=None):
-    """The `keras-transformer train` command of a second stage."""
+def longer_command(pair, epochs=None, start="STAGE1", data="DATA", run="RUN2"):
+    """The `keras-transformer train` command of a later stage: from the
+    preset `start`, on the data in `data`, into `run`."""
     source, target = PAIRS[pair]
     options = " ".join(
         f"--{key.replace('_', '-')} {value}" for key, value in longer_settings(pair, epochs).items()
     )
     return (
-        f"keras-transformer train --from-preset STAGE1 --source {source} --target {target} "
-        f"{options} --data-dir DATA --output-dir RUN2"
+        f"keras-transformer train --from-preset {start} --source {source} --target {target} "
+        f"{options} --data-dir {data} --output-dir {run}"
     )
 
 
@@ -158,7 +159,8 @@ def distill(args):
     record = distillation_record(args.pair, args.teachers)  # fails early on a teacher without metadata
     os.makedirs(args.run_dir, exist_ok=True)
     for name in os.listdir(args.data_dir):  # the other splits' files, compressed or not
-        if not name.startswith("train.") and name.removesuffix(".gz").rsplit(".", 1)[-1] in ("en", "de", "fr", "cs"):
+        split, _, language = name.removesuffix(".gz").partition(".")
+        if split != "train" and language in multi30k.SPLITS.get(split, ()):
             shutil.copy(os.path.join(args.data_dir, name), args.run_dir)
     sources = os.path.join(args.run_dir, f"train.{source}")
     with open(sources, "w", encoding="utf-8") as f:
@@ -239,8 +241,8 @@ def training_record(args, run):
         with open(os.path.join(args.distilled_data, "distillation.json")) as f:
             distillation = json.load(f)
         stage.update(
-            command=distillation["command"] + " && " + longer_command(args.pair, run["epochs"]).replace(
-                "STAGE1", "PREVIOUS").replace("DATA", "DISTILLED").replace("RUN2", "RUN3"),
+            command=distillation["command"] + " && "
+            + longer_command(args.pair, run["epochs"], start="PREVIOUS", data="DISTILLED", run="RUN3"),
             example=f"python examples/multi30k_presets.py train --pair {args.pair} --data-dir DISTILLED "
                     "--run-dir RUN3 --from-preset PREVIOUS",
             started_from=f"PREVIOUS = {preset_name(args.pair)} as trained by the stages before",
