@@ -130,6 +130,39 @@ def test_batches_of_different_lengths_equal_one_by_one():
             assert all(len(ids) <= len(source) + 5 for ids, _, _ in result)
 
 
+@pytest.mark.parametrize("compiled_steps", [True, False])
+def test_sources_leave_the_batch_without_changing_results(compiled_steps, monkeypatch):
+    """Where steps are compiled per shape (JAX, TensorFlow) done sources
+    leave the batch in powers of two, with filler; where they are not
+    (PyTorch) at every step. Either way each source gets what it gets
+    alone."""
+    from keras_transformer.decoding import beam
+
+    kept = []  # (live sources, batch slots, slots kept) at each step
+    original = beam._slots_to_keep
+
+    def recording(done, compiled):
+        keep = original(done, compiled)
+        kept.append((int((~done).sum()), len(done), len(keep)))
+        return keep
+
+    monkeypatch.setattr(beam, "compiles_steps", lambda: compiled_steps)
+    monkeypatch.setattr(beam, "_slots_to_keep", recording)
+    model = tiny_model(seed=5)  # outputs run to their budgets: sources end one by one
+    sources = [[START] + [4 + (i * j) % 2 for j in range(i)] + [END] for i in range(1, 12)]
+    batched = beam_search(model, sources, beam_size=3, max_length_offset=5)
+    monkeypatch.setattr(beam, "_slots_to_keep", original)
+    for source, result in zip(sources, batched):
+        assert result[0][0] == beam_search(model, [source], beam_size=3, max_length_offset=5)[0][0][0]
+    shrinks = [(live, slots, keep) for live, slots, keep in kept if keep < slots]
+    assert shrinks, kept
+    if compiled_steps:
+        assert all(keep & (keep - 1) == 0 and live <= keep for live, _, keep in shrinks), kept
+        assert any(live < keep for live, _, keep in kept), kept  # done sources kept as filler
+    else:
+        assert all(keep == live for live, slots, keep in kept if live < slots), kept
+
+
 @pytest.mark.parametrize("kind", ["gnmt", "length"])
 def test_the_search_in_one_loop_equals_the_host_search(kind):
     """`loop.search_loop` (one compiled loop; the SavedModel's search) and

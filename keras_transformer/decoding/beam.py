@@ -26,6 +26,7 @@ from typing import NamedTuple
 import numpy as np
 from keras import ops
 
+from keras_transformer.decoding.compiled import compiles_steps
 from keras_transformer.decoding.compiled import compiles_whole_loops
 from keras_transformer.decoding.interface import decoding_functions
 from keras_transformer.decoding.interface import search_loop_function
@@ -179,6 +180,7 @@ def _search(model, sources, max_length_offset, settings, functions):
     # leave the batch (see below); `done` marks those still in it.
     slots = np.arange(batch)
     done = np.zeros(batch, bool)
+    compiled_steps = compiles_steps()
 
     for index in range(max_length - 1):
         if index == cache_length:
@@ -214,7 +216,7 @@ def _search(model, sources, max_length_offset, settings, functions):
         log_probs = np.where(done[:, None], -np.inf, new_log_probs).astype("float32")
         tokens = new_tokens.reshape(-1)
 
-        keep = _slots_to_keep(done)
+        keep = _slots_to_keep(done, compiled_steps)
         if len(keep) < size:
             beam_rows = (keep[:, None] * k + np.arange(k)).reshape(-1)
             # The next step's reorder of the self-attention caches also drops
@@ -312,12 +314,15 @@ def _source_is_done(settings, live, sequences, beams, length, budget, finished):
     )
 
 
-def _slots_to_keep(done):
-    """The batch slots the next step keeps: all of them, or, when at most
-    half hold live sources, the live ones and some done ones as filler, to
-    the next power of two (a few shapes, so compiled steps are reused;
-    finished sources cost nothing)."""
+def _slots_to_keep(done, compiled_steps=True):
+    """The batch slots the next step keeps. Where steps are compiled for
+    each shape (JAX, TensorFlow): all of them, or, when at most half hold
+    live sources, the live ones and some done ones as filler, to the next
+    power of two (a few shapes, so compiled steps are reused; finished
+    sources cost nothing). Otherwise (PyTorch, eager): the live ones."""
     live_rows = np.flatnonzero(~done)
+    if not compiled_steps:
+        return np.arange(len(done)) if len(live_rows) == len(done) else live_rows
     size = 1 << int(len(live_rows) - 1).bit_length()
     if size >= len(done):
         return np.arange(len(done))

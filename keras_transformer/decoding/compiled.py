@@ -64,3 +64,10 @@ def compiles_whole_loops():
     TensorFlow, through XLA), so that a search can run on the device from
     start to end; PyTorch runs such a loop step by step from Python."""
     return keras.config.backend() in ("jax", "tensorflow")
+
+
+def compiles_steps():
+    """Whether the backend compiles a decoding step for each input shape
+    (JAX, TensorFlow), so that a search should keep to a few shapes;
+    PyTorch runs a step of any shape eagerly at no extra cost."""
+    return keras.config.backend() in ("jax", "tensorflow")

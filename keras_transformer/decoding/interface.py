@@ -18,6 +18,7 @@ from keras_transformer.decoding.loop import search_loop
 from keras_transformer.decoding.rules import best_extensions
 from keras_transformer.decoding.rules import never_output_bias
 from keras_transformer.layers.direct_calls import in_place_cache_writes
+from keras_transformer.layers.direct_calls import take_rows
 
 
 @runtime_checkable
@@ -132,10 +133,8 @@ def decoding_functions(model):
             return output, model.cross_attention_cache(output)
 
         def step(token_ids, index, cache, encoder_padding_mask, parents, log_probs):
-            cache = [
-                ((ops.take(keys, parents, axis=0), ops.take(values, parents, axis=0)), cross)
-                for (keys, values), cross in cache
-            ]
+            parents = ops.convert_to_tensor(parents, "int32")
+            cache = [((take_rows(keys, parents), take_rows(values, parents)), cross) for (keys, values), cross in cache]
             # The reordered caches are new tensors, this step's own: PyTorch
             # writes the new position into them without copying them again.
             with in_place_cache_writes():

@@ -17,6 +17,7 @@ from keras import ops
 from keras_transformer.layers.direct_calls import DirectCall
 from keras_transformer.layers.direct_calls import Dropout
 from keras_transformer.layers.direct_calls import EinsumDense
+from keras_transformer.layers.direct_calls import dot_product_attention
 from keras_transformer.layers.direct_calls import write_cache
 
 
@@ -294,7 +295,7 @@ class MultiHeadAttention(DirectCall, keras.layers.Layer):
                 ops.cast(x, self.variable_dtype) for x in (query_heads, key_heads, value_heads)
             )
         if fused:
-            heads, weights = ops.dot_product_attention(query_heads, key_heads, value_heads, mask=mask), None
+            heads, weights = dot_product_attention(query_heads, key_heads, value_heads, mask), None
         else:
             heads, weights = scaled_dot_product_attention(
                 query_heads, key_heads, value_heads, mask, self.dropout_layer, training

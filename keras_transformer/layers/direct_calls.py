@@ -33,6 +33,16 @@ patching `keras.layers.Layer`. Decoding (`keras_transformer.decoding.compiled`)
 and the training and validation steps of `TransformerSeq2SeqLM` enter it on
 PyTorch.
 
+Inside `direct_calls()` on PyTorch, the float (not quantized, not LoRA)
+`Dense`, `EinsumDense` (where its equation is a matrix product) and
+`LayerNormalization` layers of a model that computes in the dtype of its
+weights go further: each is one PyTorch call (`linear`, with its bias in
+the same product, and `layer_norm`), not the few Keras ops of its `call`,
+each of which converts and checks its inputs. So are the attention kernel
+(`dot_product_attention`) and the beams' reordering of the caches
+(`take_rows`). These round differently from Keras' einsum and bias add (by
+about 1e-7 of a float32 value).
+
 `in_place_cache_writes()` is the same kind of saving for the key/value
 cache: `keras.ops.slice_update` is functional, so on PyTorch it copies the
 whole cache to write one position into it, at every decoding step and in
@@ -41,6 +51,7 @@ every layer. Decoding's step reorders the caches into new tensors first
 """
 
 import contextlib
+import math
 import threading
 
 import keras
@@ -112,10 +123,51 @@ def write_cache(cache, start, update):
     >>> float(keras.ops.sum(cache))  # the cache given is unchanged
     0.0
     """
-    if getattr(_state, "in_place", False) and getattr(_state, "active", False) and keras.config.backend() == "torch":
+    if getattr(_state, "in_place", False) and _torch_direct():
         cache[tuple(slice(begin, begin + size) for begin, size in zip(start, update.shape))] = update
         return cache
     return keras.ops.slice_update(cache, start, update)
+
+
+def _torch_direct():
+    return getattr(_state, "active", False) and keras.config.backend() == "torch"
+
+
+def dot_product_attention(query, key, value, mask=None):
+    """`keras.ops.dot_product_attention(query, key, value, mask=mask)`:
+    within `direct_calls()` on PyTorch, PyTorch's fused kernel called
+    directly, with the boolean mask turned into the additive one Keras
+    passes it (so that a row with every position masked averages uniformly,
+    as through Keras, instead of giving NaN).
+
+    Args:
+        query, key, value: `(batch, length, heads, d)`, token-major as
+            Keras takes them.
+        mask: optional boolean, broadcastable to `(batch, heads,
+            query_length, key_length)`; `True` where attention is allowed.
+    """
+    if not _torch_direct():
+        return keras.ops.dot_product_attention(query, key, value, mask=mask)
+    import torch
+    from torch.nn.functional import scaled_dot_product_attention
+
+    if mask is not None:
+        # Keras' large negative: 0.7 times the dtype's largest finite value.
+        largest = 65500.0 if query.dtype == torch.float16 else 3.38953e38
+        mask = torch.full(mask.shape, -0.7 * largest, dtype=query.dtype).masked_fill_(mask, 0.0)
+    heads = scaled_dot_product_attention(
+        query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2), attn_mask=mask
+    )
+    return heads.transpose(1, 2)
+
+
+def take_rows(x, rows):
+    """`keras.ops.take(x, rows, axis=0)` for non-negative `rows`: within
+    `direct_calls()` on PyTorch one `index_select` (Keras' take adds a
+    conversion and a correction of negative indices)."""
+    if not _torch_direct():
+        return keras.ops.take(x, rows, axis=0)
+    return x.index_select(0, rows)
 
 
 class DirectCall:
@@ -133,7 +185,12 @@ class DirectCall:
         call = self.call if self.quantization_mode is None else self.quantized_call
         current = get_autocast_scope()
         if current is None and self.compute_dtype == self.variable_dtype:
-            return call(*args, **kwargs)  # the caller passes the right dtypes
+            # The caller passes the right dtypes.
+            if self.quantization_mode is None and not getattr(self, "lora_enabled", False):
+                torch_call = _torch_call_of(self)
+                if torch_call is not None:
+                    return torch_call(*args)  # (`training` changes nothing in these layers)
+            return call(*args, **kwargs)
         # Mixed precision: `Layer.__call__`'s input casts and scope (its
         # steps 1 and 7), for layers that compute in another dtype than
         # their variables or run inside one that does.
@@ -145,6 +202,17 @@ class DirectCall:
             return call(*args, **kwargs)
         with scope:
             return call(*args, **kwargs)
+
+
+def _torch_call_of(layer):
+    """`layer._torch_call` where the layer computes as one PyTorch call
+    (decided at its first direct call: `_torch_plan`), or None."""
+    plan = getattr(layer, "_torch_plan_cache", None)
+    if plan is None:
+        plan = keras.config.backend() == "torch" and hasattr(layer, "_torch_plan") and layer._torch_plan()
+        # Tracked attributes would be saved: set it past Keras' tracker.
+        object.__setattr__(layer, "_torch_plan_cache", plan)
+    return layer._torch_call if plan else None
 
 
 def _converted(layer, value):
@@ -172,9 +240,27 @@ def _autocast_scope(layer, current):
 # weights and no configuration: saved weights and presets are unchanged.
 
 
+def _activation(function):
+    """A Keras activation as its PyTorch function where there is one."""
+    import torch
+
+    return {keras.activations.relu: torch.relu, keras.activations.linear: None}.get(function, function)
+
+
 @keras.saving.register_keras_serializable(package="keras_transformer")
 class Dense(DirectCall, keras.layers.Dense):
-    """`keras.layers.Dense` that honours `direct_calls()`."""
+    """`keras.layers.Dense` that honours `direct_calls()`: on PyTorch its
+    product and bias are one `torch.nn.functional.linear` call (an addmm)."""
+
+    def _torch_plan(self):
+        return True
+
+    def _torch_call(self, inputs):
+        from torch.nn.functional import linear
+
+        outputs = linear(inputs, self._kernel.value.t(), None if self.bias is None else self.bias.value)
+        activation = _activation(self.activation)
+        return outputs if activation is None else activation(outputs)
 
     def quantize(self, mode=None, type_check=True, config=None):
         # Keras quantizes subclasses only when they opt in; this one changes
@@ -184,7 +270,45 @@ class Dense(DirectCall, keras.layers.Dense):
 
 @keras.saving.register_keras_serializable(package="keras_transformer")
 class EinsumDense(DirectCall, keras.layers.EinsumDense):
-    """`keras.layers.EinsumDense` that honours `direct_calls()`."""
+    """`keras.layers.EinsumDense` that honours `direct_calls()`: on PyTorch,
+    where its equation is a matrix product (the input's last axes contract
+    with the kernel's first ones, as the attention projections' `btd,dnh->btnh`
+    and `btnh,nhd->btd`) and its bias has the kernel's other axes, the
+    product and bias are one `torch.nn.functional.linear` call."""
+
+    def _torch_plan(self):
+        inputs, outputs = self.equation.split("->")
+        if inputs.count(",") != 1:
+            return False
+        x, kernel = inputs.split(",")
+        contracted = sum(1 for axis in x if axis not in outputs)
+        kept = x[: len(x) - contracted]
+        product = (
+            contracted > 0
+            and kernel[:contracted] == x[len(kept):]
+            and outputs == kept + kernel[contracted:]
+            and len(set(x + kernel)) == len(kept) + len(kernel)
+        )
+        bias_fits = self.bias is None or tuple(self.bias.shape) == tuple(self._kernel.shape[contracted:])
+        if product and bias_fits:
+            object.__setattr__(self, "_torch_contracted", contracted)
+        return product and bias_fits
+
+    def _torch_call(self, inputs):
+        from torch.nn.functional import linear
+
+        contracted = self._torch_contracted
+        kernel = self._kernel.value
+        kept = inputs.shape[: inputs.dim() - contracted]
+        kernel = kernel.reshape(math.prod(kernel.shape[:contracted]), -1)
+        outputs = linear(
+            inputs.flatten(len(kept)),
+            kernel.t(),
+            None if self.bias is None else self.bias.value.flatten(),
+        )
+        outputs = outputs.view(*kept, *self._kernel.shape[contracted:])
+        activation = _activation(self.activation)
+        return outputs if activation is None else activation(outputs)
 
     def quantize(self, mode=None, type_check=True, config=None):
         # Keras quantizes subclasses only when they opt in; this one changes
@@ -194,7 +318,26 @@ class EinsumDense(DirectCall, keras.layers.EinsumDense):
 
 @keras.saving.register_keras_serializable(package="keras_transformer")
 class LayerNormalization(DirectCall, keras.layers.LayerNormalization):
-    """`keras.layers.LayerNormalization` that honours `direct_calls()`."""
+    """`keras.layers.LayerNormalization` that honours `direct_calls()`: on
+    PyTorch, over the last axis, one `torch.nn.functional.layer_norm` call,
+    in float32 for lower precisions as Keras computes it."""
+
+    def _torch_plan(self):
+        return not self.rms_scaling and self.axis in (-1, [-1]) and self.center and self.scale
+
+    def _torch_call(self, inputs):
+        import torch
+        from torch.nn.functional import layer_norm
+
+        dtype = inputs.dtype
+        wide = dtype in (torch.float32, torch.float64)
+        outputs = layer_norm(
+            inputs if wide else inputs.float(), inputs.shape[-1:],
+            self.gamma.value if wide else self.gamma.value.float(),
+            self.beta.value if wide else self.beta.value.float(),
+            self.epsilon,
+        )
+        return outputs if wide else outputs.to(dtype)
 
 
 @keras.saving.register_keras_serializable(package="keras_transformer")
