@@ -357,7 +357,11 @@ def _candidates_in_numpy(logits, log_probs, never_output):
     return (log_probs[:, :, None] + (token_log_probs + never_output).reshape(batch, beams, -1)).reshape(batch, -1)
 
 
-@pytest.mark.parametrize("beams,vocabulary,count,ties", [(4, 50, 8, False), (4, 12, 8, True), (3, 5, 6, True), (1, 9, 2, False)])
+@pytest.mark.parametrize(
+    "beams,vocabulary,count,ties",
+    # 8,000 tokens: PyTorch ranks chunks of them first (`rules._top_k_of_many`).
+    [(4, 50, 8, False), (4, 12, 8, True), (3, 5, 6, True), (1, 9, 2, False), (4, 8000, 8, False), (2, 8000, 4, True)],
+)
 def test_best_extensions_rank_every_extension(beams, vocabulary, count, ties):
     """Ranking each beam's tokens first gives the values and the order (ties
     included) of ranking all `beams * vocabulary_size` extensions at once."""
@@ -373,6 +377,7 @@ def test_best_extensions_rank_every_extension(beams, vocabulary, count, ties):
         # Equal logits within a beam, and equal beams (the first step's
         # copies of one hypothesis).
         logits = np.round(logits).astype("float32")
+        logits[:, vocabulary // 2] = logits.max()  # ties among the best
         logits[1] = logits[0]
         log_probs[:, 1] = log_probs[:, 0]
     log_probs[0, -1] = -np.inf  # a beam that is not live

@@ -50,19 +50,19 @@ CACHE_CHUNK = 16
 LOOP_BATCH_SIZE = 4
 
 
-def pad_sources(sources, pad_id, max_length=None):
+def pad_sources(sources, pad_id, max_length=None, multiple=8):
     """Source token id lists as a padded batch: `(encoder_token_ids,
-    encoder_padding_mask)`, int32, the length rounded up to a multiple of 8
-    so that compiled functions are reused across batches, and at most
-    `max_length` (the model's `max_sequence_length`: learned positions
-    have no more)."""
+    encoder_padding_mask)`, int32, the length rounded up to a multiple of
+    `multiple` (8: compiled functions are reused across batches; 1 where
+    nothing is compiled), and at most `max_length` (the model's
+    `max_sequence_length`: learned positions have no more)."""
     longest = max(len(ids) for ids in sources)
     if max_length is not None and longest > max_length:
         raise ValueError(
             f"A source of {longest} tokens is longer than the model's max_sequence_length="
             f"{max_length}. Split the text into sentences first."
         )
-    length = round_up(longest, 8)
+    length = round_up(longest, multiple)
     if max_length is not None:
         length = min(length, max_length)
     encoder_ids = np.full((len(sources), length), pad_id, "int32")
@@ -155,7 +155,12 @@ def _search(model, sources, max_length_offset, settings, functions):
     special = model.special_token_ids
     batch, k = len(sources), settings.beam_size
     limit = model.backbone.max_sequence_length
-    encoder_ids, encoder_mask = pad_sources(sources, special.pad, limit)
+    # Where steps are compiled for each shape (JAX, TensorFlow), shapes are
+    # kept to a few: sources padded to a multiple of 8 positions, done
+    # sources leaving in powers of two (`_slots_to_keep`). Where they are
+    # not (PyTorch), sources are padded to the longest and leave at once.
+    compiled_steps = compiles_steps()
+    encoder_ids, encoder_mask = pad_sources(sources, special.pad, limit, 8 if compiled_steps else 1)
     budgets = output_budgets(sources, max_length_offset, limit)
     max_length = min(round_up(int(budgets.max()) + 1, 8), limit)
 
@@ -180,7 +185,6 @@ def _search(model, sources, max_length_offset, settings, functions):
     # leave the batch (see below); `done` marks those still in it.
     slots = np.arange(batch)
     done = np.zeros(batch, bool)
-    compiled_steps = compiles_steps()
 
     for index in range(max_length - 1):
         if index == cache_length:

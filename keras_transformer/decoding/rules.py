@@ -152,12 +152,52 @@ def best_extensions(logits, log_probs, never_output, count):
     per_beam = count + int(np.isneginf(never_output).sum())
     # (`count` is a tensor in a TensorFlow graph traced for any beam size.)
     per_beam = min(per_beam, vocabulary_size) if isinstance(per_beam, int) else ops.minimum(per_beam, vocabulary_size)
-    best, tokens = ops.top_k(token_log_probs, per_beam)
+    best, tokens = _top_k_of_many(token_log_probs, per_beam)
     best = ops.add(best, ops.take(ops.convert_to_tensor(never_output), tokens))
     candidates = ops.add(log_probs[:, :, None], ops.reshape(best, (batch, beams, per_beam)))
     values, order = ops.top_k(ops.reshape(candidates, (batch, beams * per_beam)), count)
     tokens = ops.take_along_axis(ops.reshape(tokens, (batch, beams * per_beam)), order, axis=1)
     return values, (order // per_beam) * vocabulary_size + tokens
+
+
+def _top_k_of_many(x, k):
+    """`keras.ops.top_k(x, k)` over the last axis of a 2-D `x`, for `k` much
+    smaller than the axis (a few tokens of a vocabulary).
+
+    PyTorch's CPU `topk` takes 1.4 ms for the 10 best of 8,000 in each of
+    256 rows (2 cores), two thirds of the time of the output projection's
+    matrix product; JAX and TensorFlow compile their own. On PyTorch the
+    axis is cut into equal chunks: the k best values lie in the k chunks
+    with the largest maxima (each of those holds a value at least the k-th
+    best), so `topk` ranks those chunks' positions only: 0.9 ms for those
+    256 rows, 0.2 ms against 0.33 for 64. The values are `topk`'s; among
+    equal values which index comes first is left open, as PyTorch's `topk`
+    leaves it. Without a chunk length that divides the axis (32 to 128
+    positions) it is `topk` itself: padding the axis would copy it.
+    """
+    import keras
+
+    rows, size = ops.shape(x)
+    chunk = _chunk_length(size, k) if keras.config.backend() == "torch" else None
+    if chunk is None:
+        return ops.top_k(x, k)
+    import torch
+
+    chunks = x.view(rows, size // chunk, chunk)
+    _, best_chunks = torch.topk(chunks.amax(-1), k)
+    candidates = chunks[torch.arange(rows)[:, None], best_chunks].reshape(rows, k * chunk)
+    values, within = torch.topk(candidates, k)
+    return values, best_chunks.gather(1, within // chunk) * chunk + within % chunk
+
+
+def _chunk_length(size, k):
+    """The chunk length of `_top_k_of_many` for an axis of `size`: the
+    divisor of `size` from 32 to 128 nearest 64 (fastest on 8,000 tokens),
+    if the axis has at least 4 * k chunks; else None."""
+    if not isinstance(size, int):
+        return None
+    divisors = [n for n in range(32, 129) if size % n == 0 and size // n >= 4 * k]
+    return min(divisors, key=lambda n: abs(n - 64), default=None)
 
 
 def search_is_over(

@@ -247,6 +247,14 @@ class MultiHeadAttention(DirectCall, keras.layers.Layer):
                 cache = (write_cache(cache[0], start, keys), write_cache(cache[1], start, values))
             key_heads, value_heads = _token_major(cache[0]), _token_major(cache[1])
         query_shape = ops.shape(query_heads)
+        if use_causal_mask and isinstance(cache_update_index, int) and not return_attention_scores:
+            # A position known on the host (PyTorch's eager decoding steps):
+            # the cache's positions after the queries' are masked anyway, so
+            # only the written ones are read.
+            end = cache_update_index + query_shape[1]
+            key_heads, value_heads = key_heads[:, :end], value_heads[:, :end]
+            if attention_mask is not None and attention_mask.shape[-1] != 1:
+                attention_mask = attention_mask[..., :end]
         # A fixed memory's row may serve several consecutive query rows (the
         # beams of a source share its encoder output): their queries attend
         # as that row's target positions, so the memory is read once, not
@@ -347,9 +355,10 @@ class MultiHeadAttention(DirectCall, keras.layers.Layer):
                         f"{expected}."
                     )
             mask = ops.expand_dims(ops.cast(attention_mask, "bool"), axis=1)
+        target_length, source_length = ops.shape(query_heads)[1], ops.shape(key_heads)[1]
+        if causal and isinstance(offset, int) and target_length == 1 and source_length == offset + 1:
+            causal = False  # one query at the last position sees every key
         if causal:
-            target_length = ops.shape(query_heads)[1]
-            source_length = ops.shape(key_heads)[1]
             offset = 0 if offset is None else offset
             query_positions = ops.arange(target_length) + offset
             key_positions = ops.arange(source_length)
