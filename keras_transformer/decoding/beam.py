@@ -34,6 +34,7 @@ from keras_transformer.decoding.rules import LENGTH_PENALTIES
 from keras_transformer.decoding.rules import length_penalty
 from keras_transformer.decoding.rules import output_budgets
 from keras_transformer.decoding.rules import search_is_over
+from keras_transformer.layers.direct_calls import take_rows
 
 _penalty = length_penalty  # `beam_search`'s argument of the same name hides it
 
@@ -199,17 +200,14 @@ def _search(model, sources, max_length_offset, settings, functions):
         order = ops.convert_to_numpy(indices)
 
         size = len(slots)
-        new_log_probs = np.full((size, k), -np.inf)
-        parents = np.zeros((size, k), "int64")
-        new_tokens = np.full((size, k), special.pad, "int32")
         length = index + 1
-        for row, source in enumerate(slots):
-            if not done[row]:
-                beams = (new_log_probs[row], parents[row], new_tokens[row])
-                live = _rank(settings, candidates[row], order[row], sequences[row], beams, length, finished[source])
-                done[row] = _source_is_done(
-                    settings, live, sequences[row], beams, length, budgets[source], finished[source]
-                )
+        searching = [finished[source] for source in slots]
+        new_log_probs, parents, new_tokens, live = _rank(
+            settings, candidates, order, sequences, done, length, searching, special.pad
+        )
+        done = _sources_done(
+            settings, new_log_probs, parents, new_tokens, live, sequences, done, length, budgets[slots], searching
+        )
         if done.all():
             break
         # Row indices into the cache, as the next step reads it.
@@ -226,10 +224,8 @@ def _search(model, sources, max_length_offset, settings, functions):
             # The next step's reorder of the self-attention caches also drops
             # the rows that leave; the encoder's keys and values drop here.
             parents_flat = parents_flat[beam_rows]
-            cache = [
-                (self_cache, (ops.take(keys, keep, axis=0), ops.take(values, keep, axis=0)))
-                for self_cache, (keys, values) in cache
-            ]
+            rows = ops.convert_to_tensor(keep, "int32")
+            cache = [(self_cache, (take_rows(keys, rows), take_rows(values, rows))) for self_cache, (keys, values) in cache]
             encoder_mask, tokens = encoder_mask[keep], tokens[beam_rows]
             sequences, log_probs, done, slots = sequences[keep], log_probs[keep], done[keep], slots[keep]
 
@@ -275,47 +271,69 @@ class _Settings(NamedTuple):
     vocabulary_size: int
 
 
-def _rank(settings, candidates, order, sequences, beams, length, finished):
-    """Rule 3 (see `rules.py`) for one source: end tokens among the best
-    `beam_size` candidates finish hypotheses (appended to `finished` as
-    `(score, log_prob, ids)`); the best `beam_size` others fill `beams`
-    (log-probabilities, parents, tokens) in place. Returns how many did."""
-    log_probs, parents, tokens = beams
-    live = 0
-    for rank, (value, flat) in enumerate(zip(candidates, order)):
-        if not np.isfinite(value):
-            break
-        parent, token = divmod(int(flat), settings.vocabulary_size)
-        if token == settings.end_id:
-            if rank < settings.beam_size:
-                score = value / _penalty(length, settings.alpha, settings.kind)
-                finished.append((score, value, sequences[parent].tolist()))
-            continue
-        if live < settings.beam_size:
-            log_probs[live], parents[live], tokens[live] = value, parent, token
-            live += 1
-    return live
+def _rank(settings, candidates, order, sequences, done, length, finished, pad_id):
+    """Rule 3 (see `rules.py`) for the sources still searching (rows not
+    `done`), all at once: end tokens among a source's best `beam_size`
+    candidates finish hypotheses (appended to its list in `finished` as
+    `(score, log_prob, ids)`); its best `beam_size` other candidates stay
+    live, best first.
+
+    Args:
+        candidates, order: `(rows, 2 * beam_size)`, each source's best
+            extensions (`rules.best_extensions`): log-probabilities, best
+            first, and flat indices `beam * vocabulary_size + token`.
+        sequences: `(rows, beam_size, length - 1)` the beams' tokens.
+
+    Returns:
+        `(log_probs, parents, tokens, live)`: the live beams' values, each
+        `(rows, beam_size)` (`-inf`, 0 and `pad_id` where fewer are live),
+        and how many each source has.
+    """
+    k = settings.beam_size
+    parent, token = np.divmod(order.astype("int64"), settings.vocabulary_size)
+    usable = np.isfinite(candidates) & ~done[:, None]
+    is_end = token == settings.end_id
+    ends = usable & is_end & (np.arange(candidates.shape[1]) < k)
+    for row, rank in zip(*np.nonzero(ends)):
+        value = candidates[row, rank]
+        score = value / _penalty(length, settings.alpha, settings.kind)
+        finished[row].append((score, value, sequences[row, parent[row, rank]].tolist()))
+    others = usable & ~is_end
+    chosen = others & (np.cumsum(others, axis=1) <= k)
+    picks = np.argsort(~chosen, axis=1, kind="stable")[:, :k]  # the chosen, in rank order
+    live = np.take_along_axis(chosen, picks, axis=1)
+    return (
+        np.where(live, np.take_along_axis(candidates, picks, axis=1), -np.inf),
+        np.where(live, np.take_along_axis(parent, picks, axis=1), 0),
+        np.where(live, np.take_along_axis(token, picks, axis=1), pad_id).astype("int32"),
+        live.sum(axis=1),
+    )
 
 
-def _source_is_done(settings, live, sequences, beams, length, budget, finished):
-    """Rules 4 and 5 for one source after `_rank`: at its budget the live
-    beams finish as they are (appended to `finished`); otherwise it is done
-    with no live beam or by `rules.search_is_over`."""
-    log_probs, parents, tokens = beams
-    if length >= budget:
-        for beam in range(live):
-            ids = sequences[parents[beam]].tolist() + [int(tokens[beam])]
-            score = log_probs[beam] / _penalty(length, settings.alpha, settings.kind)
-            finished.append((score, log_probs[beam], ids))
-        return True
-    if live == 0:
-        return True
+def _sources_done(settings, log_probs, parents, tokens, live, sequences, done, length, budgets, finished):
+    """Rules 4 and 5 after `_rank`, all sources at once: at its budget a
+    source's live beams finish as they are (appended to `finished`) and it
+    is done; otherwise it is done with no live beam or by
+    `rules.search_is_over`. Returns the new `done`."""
     k, n = settings.beam_size, settings.num_results
-    scores = sorted((score for score, _, _ in finished), reverse=True) + [-np.inf] * k
-    return search_is_over(
-        len(finished), log_probs[:live].max(), scores[n - 1], scores[k - 1], length, budget, k, n,
+    at_budget = ~done & (length >= budgets)
+    for row in np.flatnonzero(at_budget):
+        for beam in range(live[row]):
+            ids = sequences[row, parents[row, beam]].tolist() + [int(tokens[row, beam])]
+            score = log_probs[row, beam] / _penalty(length, settings.alpha, settings.kind)
+            finished[row].append((score, log_probs[row, beam], ids))
+    # The n-th and k-th best finished scores (-inf while fewer).
+    best = np.full((len(done), k), -np.inf)
+    for row, hypotheses in enumerate(finished):
+        if len(hypotheses) >= n and not done[row]:  # (with fewer, rule 5 waits)
+            scores = sorted((score for score, _, _ in hypotheses), reverse=True)[:k]
+            best[row, : len(scores)] = scores
+    counts = np.array([len(hypotheses) for hypotheses in finished])
+    over = search_is_over(
+        counts, log_probs.max(axis=1), best[:, n - 1], best[:, k - 1], length, budgets, k, n,
         settings.alpha, settings.kind,
     )
+    return done | at_budget | (live == 0) | over
 
 
 def _slots_to_keep(done, compiled_steps=True):

@@ -38,10 +38,11 @@ Inside `direct_calls()` on PyTorch, the float (not quantized, not LoRA)
 `LayerNormalization` layers of a model that computes in the dtype of its
 weights go further: each is one PyTorch call (`linear`, with its bias in
 the same product, and `layer_norm`), not the few Keras ops of its `call`,
-each of which converts and checks its inputs. So are the attention kernel
-(`dot_product_attention`) and the beams' reordering of the caches
-(`take_rows`). These round differently from Keras' einsum and bias add (by
-about 1e-7 of a float32 value).
+each of which converts and checks its inputs. So is the attention kernel
+(`dot_product_attention`); `take_rows`, which reorders the caches to the
+beams' parents, is one `index_select` on PyTorch. These calls round
+differently from Keras' einsum and bias add (by about 1e-7 of a float32
+value). Models in mixed precision keep Keras' calls.
 
 `in_place_cache_writes()` is the same kind of saving for the key/value
 cache: `keras.ops.slice_update` is functional, so on PyTorch it copies the
@@ -162,10 +163,10 @@ def dot_product_attention(query, key, value, mask=None):
 
 
 def take_rows(x, rows):
-    """`keras.ops.take(x, rows, axis=0)` for non-negative `rows`: within
-    `direct_calls()` on PyTorch one `index_select` (Keras' take adds a
-    conversion and a correction of negative indices)."""
-    if not _torch_direct():
+    """`keras.ops.take(x, rows, axis=0)` of a tensor `x` for non-negative
+    integer `rows` (a tensor): on PyTorch one `index_select` (Keras' take adds
+    a conversion and a correction of negative indices)."""
+    if keras.config.backend() != "torch":
         return keras.ops.take(x, rows, axis=0)
     return x.index_select(0, rows)
 
