@@ -322,3 +322,33 @@ def test_direct_attention_and_row_take_give_keras_results():
     np.testing.assert_allclose(direct, expected, rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(direct[1, 2], to_numpy(value)[1].mean(axis=0), rtol=1e-5, atol=1e-6)
     np.testing.assert_array_equal(taken, to_numpy(value)[[1, 1, 0]])
+
+
+@pytest.mark.skipif(keras.config.backend() != "torch", reason="the int8 products of direct calls are PyTorch's")
+def test_int8_layers_multiply_as_int8_with_keras_results():
+    """Quantized to int8, the model's projections, feed-forward layers and
+    output projection are each one int8 product on PyTorch
+    (`direct_calls._int8_product`), with the results of Keras' int8 calls."""
+    from keras_transformer.layers import direct_calls as module
+
+    model = _model("int8")
+    layers = [layer for layer in model.backbone._flatten_layers() if layer.quantization_mode == "int8"]
+    expected = _cached_steps(model)
+    products = []
+    original = module._int8_product
+
+    def counting(*args):
+        products.append(args[2])
+        return original(*args)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(module, "_int8_product", counting)
+        with direct_calls():
+            direct = _cached_steps(model)
+    np.testing.assert_allclose(direct, expected, rtol=1e-5, atol=1e-5)
+    kinds = {type(layer).__name__ for layer in layers}
+    assert {"Dense", "EinsumDense", "SharedTokenEmbedding"} <= kinds
+    assert all(module._torch_call_of(layer) is not None for layer in layers if type(layer).__name__ != "SharedTokenEmbedding")
+    # Per step: 2 layers x (4 self- and 2 cross-attention projections, 2
+    # feed-forward layers) and the output projection, each one int8 product.
+    assert len(products) >= 3 * (2 * 8 + 1)

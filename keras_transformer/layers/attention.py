@@ -247,11 +247,12 @@ class MultiHeadAttention(DirectCall, keras.layers.Layer):
                 cache = (write_cache(cache[0], start, keys), write_cache(cache[1], start, values))
             key_heads, value_heads = _token_major(cache[0]), _token_major(cache[1])
         query_shape = ops.shape(query_heads)
-        if use_causal_mask and isinstance(cache_update_index, int) and not return_attention_scores:
+        end = cache_update_index + query_shape[1] if isinstance(cache_update_index, int) else None
+        if use_causal_mask and end is not None and end > 1 and not return_attention_scores:
             # A position known on the host (PyTorch's eager decoding steps):
             # the cache's positions after the queries' are masked anyway, so
-            # only the written ones are read.
-            end = cache_update_index + query_shape[1]
+            # only the written ones are read (from the second, as Keras
+            # warns of a softmax over a single position).
             key_heads, value_heads = key_heads[:, :end], value_heads[:, :end]
             if attention_mask is not None and attention_mask.shape[-1] != 1:
                 attention_mask = attention_mask[..., :end]

@@ -111,6 +111,23 @@ class SharedTokenEmbedding(DirectCall, keras.layers.ReversibleEmbedding):
         # Keras calls this instead of `call` once the layer is quantized.
         return self._shared_call(super().quantized_call, inputs, reverse)
 
+    def _torch_plan(self):
+        # `direct_calls`: the int8 output projection as one int8 product.
+        return self.tie_weights and self.logit_soft_cap is None
+
+    def _torch_int8_call(self, inputs, reverse=False):
+        if not reverse:
+            return self.quantized_call(inputs)
+        from keras_transformer.layers.direct_calls import _int8_product
+
+        # Keras' int8 `ReversibleEmbedding` output projection: the inputs
+        # quantized, times the transposed int8 embeddings, de-scaled by the
+        # inputs' scales and each token's.
+        logits = _int8_product(
+            self.inputs_quantizer, inputs, 1, self._embeddings.value.t(), self.embeddings_scale.value, inputs.dtype
+        )
+        return logits if self.logits_bias is None else logits + self.logits_bias.value.to(logits.dtype)
+
     def _shared_call(self, embedding_call, inputs, reverse):
         """`ReversibleEmbedding`'s call (float or quantized), scaled by
         sqrt(d_model) as an embedding, plus the logits bias as the output
