@@ -6,8 +6,10 @@ converted by CTranslate2's own `TransformersConverter` (what
 (this package in float32, with int8 weights and in bfloat16)
 translate the same Multi30k test_2016_flickr sources with beam 4 and the
 same ranking: log P / |Y|^0.6 (this package's `length_penalty="length"`,
-CTranslate2's `length_penalty=0.6`), at most source length + 50 tokens.
-Sentences per second at batch 1 and batch 64 (a second pass, after a pass
+CTranslate2's `length_penalty=0.6`), at most source length + 50 tokens,
+each from text to text with the preset's tokenizer (CTranslate2 takes and
+gives tokens: the timed call tokenizes and detokenizes for it as
+`generate` does for this package). Sentences per second at batch 1 and batch 64 (a second pass, after a pass
 that compiles or warms up), BLEU (sacreBLEU, cased) of the batch-64 pass.
 CTranslate2 runs with as many threads as the machine has cores; this package
 runs on each Keras backend in its own process.
@@ -81,8 +83,6 @@ def ctranslate2_rows(preset, data_dir, batch1, batch64):
 
     model, sources, references = _sources(preset, data_dir, max(batch1, batch64))
     tokenizer = model.preprocessor.tokenizer
-    ids = model.preprocessor.generate_preprocess(sources)  # <s> pieces </s>: the preset's framing
-    tokens = [[tokenizer.id_to_token(i) for i in row] for row in ids]
     rows = []
     with tempfile.TemporaryDirectory() as root:
         marian_dir = export_marian(model, os.path.join(root, "marian"))
@@ -91,15 +91,18 @@ def ctranslate2_rows(preset, data_dir, batch1, batch64):
             ctranslate2.converters.TransformersConverter(marian_dir).convert(out, quantization=dtype)
             translator = ctranslate2.Translator(out, device="cpu", intra_threads=os.cpu_count() or 1)
 
-            def translate(batch, translator=translator):
+            def translate(texts, translator=translator):
+                # Text to text, as this package's `generate`: the preset's
+                # tokenizer and framing (<s> pieces </s>) on both sides.
+                batch = [[tokenizer.id_to_token(i) for i in row] for row in model.preprocessor.generate_preprocess(texts)]
                 limit = max(map(len, batch)) + OFFSET
                 results = translator.translate_batch(batch, beam_size=BEAM, length_penalty=ALPHA,
                                                      max_decoding_length=limit, max_batch_size=len(batch))
-                return [model.preprocessor.generate_postprocess(
-                    [[tokenizer.token_to_id(t) for t in r.hypotheses[0]]])[0] for r in results]
+                return model.preprocessor.generate_postprocess(
+                    [[tokenizer.token_to_id(t) for t in r.hypotheses[0]] for r in results])
 
-            speed1, _ = _timed(translate, tokens[:batch1], 1)
-            speed64, outputs = _timed(translate, tokens[:batch64], 64)
+            speed1, _ = _timed(translate, sources[:batch1], 1)
+            speed64, outputs = _timed(translate, sources[:batch64], 64)
             bleu = sacrebleu.corpus_bleu(outputs, [references[:batch64]]).score
             rows.append({"engine": f"CTranslate2 {ctranslate2.__version__}", "dtype": dtype,
                          "batch1": speed1, "batch64": speed64, "bleu": bleu})

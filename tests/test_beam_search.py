@@ -134,8 +134,8 @@ def test_batches_of_different_lengths_equal_one_by_one():
 def test_sources_leave_the_batch_without_changing_results(compiled_steps, monkeypatch):
     """Where steps are compiled per shape (JAX, TensorFlow) done sources
     leave the batch in powers of two, with filler; where they are not
-    (PyTorch) at every step. Either way each source gets what it gets
-    alone."""
+    (PyTorch) at every step, and the first step runs one beam a source.
+    Either way each source gets what it gets alone."""
     from keras_transformer.decoding import beam
 
     kept = []  # (live sources, batch slots, slots kept) at each step
@@ -146,14 +146,31 @@ def test_sources_leave_the_batch_without_changing_results(compiled_steps, monkey
         kept.append((int((~done).sum()), len(done), len(keep)))
         return keep
 
+    first_rows = []
+    original_functions = beam.decoding_functions
+
+    def recording_functions(model):
+        encode, step = original_functions(model)
+
+        def first_step_rows(token_ids, index, *args, **kwargs):
+            if int(index) == 0:
+                first_rows.append(len(token_ids))
+            return step(token_ids, index, *args, **kwargs)
+
+        return encode, first_step_rows
+
     monkeypatch.setattr(beam, "compiles_steps", lambda: compiled_steps)
     monkeypatch.setattr(beam, "_slots_to_keep", recording)
+    monkeypatch.setattr(beam, "decoding_functions", recording_functions)
     model = tiny_model(seed=5)  # outputs run to their budgets: sources end one by one
     sources = [[START] + [4 + (i * j) % 2 for j in range(i)] + [END] for i in range(1, 12)]
     batched = beam_search(model, sources, beam_size=3, max_length_offset=5)
     monkeypatch.setattr(beam, "_slots_to_keep", original)
     for source, result in zip(sources, batched):
         assert result[0][0] == beam_search(model, [source], beam_size=3, max_length_offset=5)[0][0][0]
+    # The first step: one row a source (its one live beam), or, compiled,
+    # the k beams' rows that every later step has.
+    assert first_rows[0] == len(sources) * (3 if compiled_steps else 1)
     shrinks = [(live, slots, keep) for live, slots, keep in kept if keep < slots]
     assert shrinks, kept
     if compiled_steps:

@@ -172,14 +172,18 @@ def _search(model, sources, max_length_offset, settings, functions):
     # it, so its length, not the maximum output length, sets the step's cost.
     # The encoder's keys and values (and padding mask) stay one row a
     # source: the k beams of a source, consecutive rows, all read it.
+    # Only one beam a source is live at the start (the others would repeat
+    # it): the first step runs it alone, one row a source, and the k beams
+    # then read that row's cache; where steps are compiled, it runs next to
+    # k - 1 beams of probability 0 instead, for one shape throughout.
+    beams = k if compiled_steps else 1
     cache_length = min(CACHE_CHUNK, max_length)
-    cache = list(zip(model.empty_self_attention_cache(batch * k, cache_length), cross_caches))
-    parents_flat = np.arange(batch * k, dtype="int32")
+    cache = list(zip(model.empty_self_attention_cache(batch * beams, cache_length), cross_caches))
+    parents_flat = np.arange(batch * beams, dtype="int32")
 
-    tokens = np.full((batch * k,), special.start, "int32")
-    sequences = np.zeros((batch, k, 0), "int32")
-    # Only the first beam is live at the start: the others would repeat it.
-    log_probs = np.full((batch, k), -np.inf, "float32")
+    tokens = np.full((batch * beams,), special.start, "int32")
+    sequences = np.zeros((batch, beams, 0), "int32")
+    log_probs = np.full((batch, beams), -np.inf, "float32")
     log_probs[:, 0] = 0.0
     finished = [[] for _ in range(batch)]  # per source: (score, log_prob, token_ids)
     # The batch's slots: which source each holds. Sources that are done
@@ -192,12 +196,16 @@ def _search(model, sources, max_length_offset, settings, functions):
             cache_length = min(cache_length + CACHE_CHUNK, max_length)
             cache = _grow_self_attention_cache(cache, cache_length)
         values, indices, cache = step(
-            tokens[:, None], np.asarray(index, "int32"), cache, encoder_mask, parents_flat, log_probs
+            tokens[:, None], np.asarray(index, "int32"), cache, encoder_mask, parents_flat, log_probs,
+            **({} if beams == k else {"beam_size": k}),
         )
         # The 2k best extensions of each source's beams, best first: their
         # log-probabilities and flat indices into (beam, token).
         candidates = ops.convert_to_numpy(values).astype("float64")
         order = ops.convert_to_numpy(indices)
+        if candidates.shape[1] < 2 * k:  # a first beam with fewer extensions
+            missing = ((0, 0), (0, 2 * k - candidates.shape[1]))
+            candidates, order = np.pad(candidates, missing, constant_values=-np.inf), np.pad(order, missing)
 
         size = len(slots)
         length = index + 1
@@ -211,7 +219,8 @@ def _search(model, sources, max_length_offset, settings, functions):
         if done.all():
             break
         # Row indices into the cache, as the next step reads it.
-        parents_flat = (np.arange(size)[:, None] * k + parents).reshape(-1).astype("int32")
+        parents_flat = (np.arange(size)[:, None] * beams + parents).reshape(-1).astype("int32")
+        beams = k
         sequences = np.concatenate(
             [sequences[np.arange(size)[:, None], parents], new_tokens[:, :, None]], axis=2
         )

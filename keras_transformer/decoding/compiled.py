@@ -12,6 +12,8 @@ cost more than the arithmetic of a step).
 This is the one place where decoding looks at the backend.
 """
 
+import functools
+
 import keras
 import numpy as np
 
@@ -27,7 +29,8 @@ def compile_for_inference(model, function):
             tensors) that calls the model's layers.
 
     Returns:
-        A callable with the signature of `function`.
+        A callable with the signature of `function`; its keyword arguments,
+        if any, are Python values, compiled as constants.
     """
     backend = keras.config.backend()
     if backend == "jax":
@@ -35,12 +38,20 @@ def compile_for_inference(model, function):
 
         variables = model.variables
 
-        def stateless(values, *args):
+        def stateless(values, *args, **kwargs):
             with keras.StatelessScope(state_mapping=list(zip(variables, values))):
-                return function(*args)
+                return function(*args, **kwargs)
 
-        compiled = jax.jit(stateless)
-        return lambda *args: compiled([v.value for v in variables], *args)
+        # Keyword arguments are static (Python values): one compilation each.
+        compiled = {}
+
+        def call(*args, **kwargs):
+            key = tuple(sorted(kwargs.items()))
+            if key not in compiled:
+                compiled[key] = jax.jit(functools.partial(stateless, **kwargs))
+            return compiled[key]([v.value for v in variables], *args)
+
+        return call
     if backend == "tensorflow":
         import tensorflow as tf
 
@@ -48,12 +59,12 @@ def compile_for_inference(model, function):
     if backend == "torch":
         import torch
 
-        def eager(*args):
+        def eager(*args, **kwargs):
             # Scalars as Python numbers: `ops.slice_update` then writes the
             # cache with plain slicing, not with index tensors.
             args = [a.item() if isinstance(a, np.ndarray) and a.ndim == 0 else a for a in args]
             with torch.no_grad(), direct_calls():
-                return function(*args)
+                return function(*args, **kwargs)
 
         return eager
     return function

@@ -119,7 +119,9 @@ def decoding_functions(model):
         `parents` (row indices), runs `call_decoder_with_cache`, and returns
         `(values, indices, cache)`: the `2 * beams` best extensions of each
         source's beams (`rules.best_extensions`) given the beams'
-        `(batch, beams)` log-probabilities. The beams of a source are
+        `(batch, beams)` log-probabilities; `beam_size` (an int, where
+        steps are not compiled) asks for `2 * beam_size` instead, for a
+        first step that runs one beam a source. The beams of a source are
         consecutive rows of `token_ids` and the self-attention caches; the
         cross-attention caches and `encoder_padding_mask` have one row a
         source.
@@ -132,14 +134,14 @@ def decoding_functions(model):
             output = model.encode(encoder_token_ids, encoder_padding_mask)
             return output, model.cross_attention_cache(output)
 
-        def step(token_ids, index, cache, encoder_padding_mask, parents, log_probs):
+        def step(token_ids, index, cache, encoder_padding_mask, parents, log_probs, beam_size=None):
             parents = ops.convert_to_tensor(parents, "int32")
             cache = [((take_rows(keys, parents), take_rows(values, parents)), cross) for (keys, values), cross in cache]
             # The reordered caches are new tensors, this step's own: PyTorch
             # writes the new position into them without copying them again.
             with in_place_cache_writes():
                 logits, cache = model.call_decoder_with_cache(token_ids, index, cache, encoder_padding_mask)
-            values, indices = best_extensions(logits, log_probs, never_output, 2 * ops.shape(log_probs)[1])
+            values, indices = best_extensions(logits, log_probs, never_output, 2 * (beam_size or ops.shape(log_probs)[1]))
             return values, indices, cache
 
         functions = (compile_for_inference(model, encode), compile_for_inference(model, step))

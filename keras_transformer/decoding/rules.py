@@ -152,6 +152,10 @@ def best_extensions(logits, log_probs, never_output, count):
     per_beam = count + int(np.isneginf(never_output).sum())
     # (`count` is a tensor in a TensorFlow graph traced for any beam size.)
     per_beam = min(per_beam, vocabulary_size) if isinstance(per_beam, int) else ops.minimum(per_beam, vocabulary_size)
+    if isinstance(per_beam, int) and isinstance(beams, int):
+        # (A single beam over a vocabulary of fewer than `count` tokens has
+        # fewer extensions: all of them.)
+        count = min(count, beams * per_beam)
     best, tokens = _top_k_of_many(token_log_probs, per_beam)
     best = ops.add(best, ops.take(ops.convert_to_tensor(never_output), tokens))
     candidates = ops.add(log_probs[:, :, None], ops.reshape(best, (batch, beams, per_beam)))
