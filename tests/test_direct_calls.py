@@ -328,21 +328,23 @@ def test_direct_attention_and_row_take_give_keras_results():
 def test_int8_layers_multiply_as_int8_with_keras_results():
     """Quantized to int8, the model's projections, feed-forward layers and
     output projection are each one int8 product on PyTorch
-    (`direct_calls._int8_product`), with the results of Keras' int8 calls."""
+    (`direct_calls.int8_product`), with the results of Keras' int8 calls."""
     from keras_transformer.layers import direct_calls as module
+    from keras_transformer.layers import embedding
 
     model = _model("int8")
     layers = [layer for layer in model.backbone._flatten_layers() if layer.quantization_mode == "int8"]
     expected = _cached_steps(model)
     products = []
-    original = module._int8_product
+    original = module.int8_product
 
     def counting(*args):
         products.append(args[2])
         return original(*args)
 
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(module, "_int8_product", counting)
+        patch.setattr(module, "int8_product", counting)
+        patch.setattr(embedding, "int8_product", counting)
         with direct_calls():
             direct = _cached_steps(model)
     np.testing.assert_allclose(direct, expected, rtol=1e-5, atol=1e-5)

@@ -120,7 +120,9 @@ def beam_search(
             outputs.
         functions: the `(encode, step)` pair to run; by default the model's
             `decoding_functions(model)` (another pair times other ways of
-            running a step, as `benchmarks/decode.py` does).
+            running a step, as `benchmarks/decode.py` does). Where steps
+            are not compiled (PyTorch), the first step runs one beam a
+            source and `step` is given `beam_size=beam_size`.
         in_loop: run the whole search in one compiled loop (`loop.py`):
             by default on JAX and TensorFlow for batches of at most
             `LOOP_BATCH_SIZE` sources; `False` runs the host loop.
@@ -234,7 +236,9 @@ def _search(model, sources, max_length_offset, settings, functions):
             # the rows that leave; the encoder's keys and values drop here.
             parents_flat = parents_flat[beam_rows]
             rows = ops.convert_to_tensor(keep, "int32")
-            cache = [(self_cache, (take_rows(keys, rows), take_rows(values, rows))) for self_cache, (keys, values) in cache]
+            cache = [
+                (self_cache, (take_rows(keys, rows), take_rows(values, rows))) for self_cache, (keys, values) in cache
+            ]
             encoder_mask, tokens = encoder_mask[keep], tokens[beam_rows]
             sequences, log_probs, done, slots = sequences[keep], log_probs[keep], done[keep], slots[keep]
 
@@ -291,7 +295,7 @@ def _rank(settings, candidates, order, sequences, done, length, finished, pad_id
         candidates, order: `(rows, 2 * beam_size)`, each source's best
             extensions (`rules.best_extensions`): log-probabilities, best
             first, and flat indices `beam * vocabulary_size + token`.
-        sequences: `(rows, beam_size, length - 1)` the beams' tokens.
+        sequences: `(rows, beams, length - 1)` the beams' tokens.
 
     Returns:
         `(log_probs, parents, tokens, live)`: the live beams' values, each

@@ -136,12 +136,15 @@ def decoding_functions(model):
 
         def step(token_ids, index, cache, encoder_padding_mask, parents, log_probs, beam_size=None):
             parents = ops.convert_to_tensor(parents, "int32")
-            cache = [((take_rows(keys, parents), take_rows(values, parents)), cross) for (keys, values), cross in cache]
+            cache = [
+                ((take_rows(keys, parents), take_rows(values, parents)), cross) for (keys, values), cross in cache
+            ]
             # The reordered caches are new tensors, this step's own: PyTorch
             # writes the new position into them without copying them again.
             with in_place_cache_writes():
                 logits, cache = model.call_decoder_with_cache(token_ids, index, cache, encoder_padding_mask)
-            values, indices = best_extensions(logits, log_probs, never_output, 2 * (beam_size or ops.shape(log_probs)[1]))
+            count = 2 * (beam_size or ops.shape(log_probs)[1])
+            values, indices = best_extensions(logits, log_probs, never_output, count)
             return values, indices, cache
 
         functions = (compile_for_inference(model, encode), compile_for_inference(model, step))

@@ -232,7 +232,7 @@ def _has_int_mm():
     return hasattr(torch, "_int_mm")
 
 
-def _int8_product(quantizer, inputs, contracted, kernel, kernel_scale, dtype):
+def int8_product(quantizer, inputs, contracted, kernel, kernel_scale, dtype):
     """Keras' int8 product of `inputs` and an int8 `kernel`, computed as
     Keras computes it, in fewer calls: the inputs quantized as `quantizer`
     does (`keras.quantizers.abs_max_quantize` over their last `contracted`
@@ -318,7 +318,7 @@ class Dense(DirectCall, keras.layers.Dense):
         return _activated(self, outputs)
 
     def _torch_int8_call(self, inputs):
-        outputs = _int8_product(
+        outputs = int8_product(
             self.inputs_quantizer, inputs, 1, self._kernel.value, self.kernel_scale.value, inputs.dtype
         )
         if self.bias is not None:
@@ -381,7 +381,7 @@ class EinsumDense(DirectCall, keras.layers.EinsumDense):
             self, "_torch_int8_scale", self.kernel_scale.value,
             lambda: self._adjust_scale_for_dequant(self.kernel_scale.value).reshape(-1),
         )
-        outputs = _int8_product(
+        outputs = int8_product(
             self.inputs_quantizer, inputs, contracted,
             kernel.reshape(math.prod(kernel.shape[:contracted]), -1), scale, inputs.dtype,
         )

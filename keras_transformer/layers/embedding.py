@@ -13,6 +13,7 @@ import keras
 from keras import ops
 
 from keras_transformer.layers.direct_calls import DirectCall
+from keras_transformer.layers.direct_calls import int8_product
 
 
 @keras.saving.register_keras_serializable(package="keras_transformer")
@@ -118,12 +119,10 @@ class SharedTokenEmbedding(DirectCall, keras.layers.ReversibleEmbedding):
     def _torch_int8_call(self, inputs, reverse=False):
         if not reverse:
             return self.quantized_call(inputs)
-        from keras_transformer.layers.direct_calls import _int8_product
-
         # Keras' int8 `ReversibleEmbedding` output projection: the inputs
         # quantized, times the transposed int8 embeddings, de-scaled by the
         # inputs' scales and each token's.
-        logits = _int8_product(
+        logits = int8_product(
             self.inputs_quantizer, inputs, 1, self._embeddings.value.t(), self.embeddings_scale.value, inputs.dtype
         )
         return logits if self.logits_bias is None else logits + self.logits_bias.value.to(logits.dtype)
