@@ -189,7 +189,7 @@ def _top_k_of_many(x, k):
 
     chunks = x.view(rows, size // chunk, chunk)
     _, best_chunks = torch.topk(chunks.amax(-1), k)
-    candidates = chunks[torch.arange(rows)[:, None], best_chunks].reshape(rows, k * chunk)
+    candidates = chunks[torch.arange(rows, device=x.device)[:, None], best_chunks].reshape(rows, k * chunk)
     values, within = torch.topk(candidates, k)
     return values, best_chunks.gather(1, within // chunk) * chunk + within % chunk
 

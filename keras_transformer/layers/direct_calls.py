@@ -155,7 +155,7 @@ def dot_product_attention(query, key, value, mask=None):
     if mask is not None:
         # Keras' large negative: 0.7 times the dtype's largest finite value.
         largest = 65500.0 if query.dtype == torch.float16 else 3.38953e38
-        mask = torch.full(mask.shape, -0.7 * largest, dtype=query.dtype).masked_fill_(mask, 0.0)
+        mask = torch.full(mask.shape, -0.7 * largest, dtype=query.dtype, device=query.device).masked_fill_(mask, 0.0)
     heads = scaled_dot_product_attention(
         query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2), attn_mask=mask
     )
@@ -242,8 +242,9 @@ def int8_product(quantizer, inputs, contracted, kernel, kernel_scale, dtype):
     Keras' PyTorch backend multiplies int8 matrices on the CPU as int32
     ones, which made int8 translation 6x slower than float32;
     `torch._int_mm` (which Keras itself calls on CUDA) multiplies them as
-    int8, with AMX where the processor has it. The integer product is exact
-    either way, so the result is Keras'.
+    int8, with AMX where the processor has it, for any shape on the CPU
+    (on CUDA it takes only some, so there Keras' `matmul` chooses). The
+    integer product is exact either way, so the result is Keras'.
     """
     import torch
 
@@ -252,7 +253,10 @@ def int8_product(quantizer, inputs, contracted, kernel, kernel_scale, dtype):
     low, high = quantizer.value_range
     scale = torch.div(high, rows.abs().amax(-1, keepdim=True) + quantizer.epsilon).to(rows.dtype)
     quantized = torch.clamp(torch.round(rows * scale), low, high).to(torch.int8)
-    outputs = torch._int_mm(quantized, kernel).to(dtype)
+    if quantized.device.type == "cpu":
+        outputs = torch._int_mm(quantized, kernel).to(dtype)
+    else:  # Keras' own product: `_int_mm` only where CUDA's shape rules allow
+        outputs = keras.ops.matmul(quantized, kernel).to(dtype)
     return (outputs / (scale * kernel_scale)).view(*kept, -1)
 
 
