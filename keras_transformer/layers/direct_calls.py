@@ -364,21 +364,11 @@ class EinsumDense(DirectCall, keras.layers.EinsumDense):
     def _torch_call(self, inputs):
         from torch.nn.functional import linear
 
-        contracted = self._torch_contracted
-        kernel = self._kernel.value
-        kept = inputs.shape[: inputs.dim() - contracted]
-        kernel = kernel.reshape(math.prod(kernel.shape[:contracted]), -1)
-        outputs = linear(
-            inputs.flatten(len(kept)),
-            kernel.t(),
-            None if self.bias is None else self.bias.value.flatten(),
-        )
-        outputs = outputs.view(*kept, *self._kernel.shape[contracted:])
-        return _activated(self, outputs)
+        bias = None if self.bias is None else self.bias.value.flatten()
+        outputs = linear(inputs.flatten(inputs.dim() - self._torch_contracted), self._kernel_matrix().t(), bias)
+        return _activated(self, self._unflattened(outputs, inputs))
 
     def _torch_int8_call(self, inputs):
-        contracted = self._torch_contracted
-        kernel = self._kernel.value
         # The kernel's scales, laid out as Keras divides the kernel by them
         # (size 1 on the contracted axes), in the order of the output axes.
         scale = _cached(
@@ -386,13 +376,21 @@ class EinsumDense(DirectCall, keras.layers.EinsumDense):
             lambda: self._adjust_scale_for_dequant(self.kernel_scale.value).reshape(-1),
         )
         outputs = int8_product(
-            self.inputs_quantizer, inputs, contracted,
-            kernel.reshape(math.prod(kernel.shape[:contracted]), -1), scale, inputs.dtype,
+            self.inputs_quantizer, inputs, self._torch_contracted, self._kernel_matrix(), scale, inputs.dtype
         )
         if self.bias is not None:
             outputs = outputs + self.bias.value.flatten()
-        outputs = outputs.view(*inputs.shape[: inputs.dim() - contracted], *kernel.shape[contracted:])
-        return _activated(self, outputs)
+        return _activated(self, self._unflattened(outputs, inputs))
+
+    def _kernel_matrix(self):
+        """The kernel as a `(contracted size, output size)` matrix."""
+        kernel = self._kernel.value
+        return kernel.reshape(math.prod(kernel.shape[: self._torch_contracted]), -1)
+
+    def _unflattened(self, outputs, inputs):
+        """A product's `(..., output size)` rows with the output's axes."""
+        contracted = self._torch_contracted
+        return outputs.view(*inputs.shape[: inputs.dim() - contracted], *self._kernel.shape[contracted:])
 
     def quantize(self, mode=None, type_check=True, config=None):
         # Keras quantizes subclasses only when they opt in; this one changes
