@@ -71,3 +71,30 @@ def test_translate_command_takes_precision_flags(flags, capsys):
     assert capsys.readouterr().out == "Ein Mann fährt Fahrrad.\n"
     with pytest.raises(SystemExit):
         cli.main(["translate", "--dtype", "int3", "A dog."])
+
+
+def test_mixed_precision_output_projection_multiplies_in_bfloat16():
+    """Under mixed_bfloat16 the logits come from a bfloat16 product, as every
+    other projection's output does (Keras' `Embedding` does not autocast its
+    float32 variable, so the shared embedding casts it itself), and equal
+    the float32 model's to bfloat16's precision."""
+    from keras_transformer.models import TransformerBackbone
+
+    config = dict(vocabulary_size=64, num_layers=1, d_model=32, d_ff=64, num_heads=2, max_sequence_length=16)
+    rng = np.random.default_rng(0)
+    ids = rng.integers(4, 64, (2, 6)).astype("int32")
+    inputs = {
+        "encoder_token_ids": ids,
+        "encoder_padding_mask": np.ones_like(ids),
+        "decoder_token_ids": ids[:, ::-1].copy(),
+        "decoder_padding_mask": np.ones_like(ids),
+    }
+    keras.utils.set_random_seed(1)
+    mixed = TransformerSeq2SeqLM(TransformerBackbone(**config, dtype="mixed_bfloat16"))
+    reference = TransformerSeq2SeqLM(TransformerBackbone(**config))
+    reference.set_weights(mixed.get_weights())
+    logits = mixed(inputs)
+    assert keras.backend.standardize_dtype(logits.dtype) == "bfloat16"
+    expected = to_numpy(reference(inputs))
+    error = np.abs(to_numpy(logits).astype("float32") - expected).max()
+    assert error < 0.05 * np.abs(expected).max(), error
