@@ -354,3 +354,38 @@ def test_int8_layers_multiply_as_int8_with_keras_results():
     # Per step: 2 layers x (4 self- and 2 cross-attention projections, 2
     # feed-forward layers) and the output projection, each one int8 product.
     assert len(products) >= 3 * (2 * 8 + 1)
+
+
+@pytest.mark.parametrize("rate", [0.1, 0.3])
+def test_dropout_drops_at_its_rate_and_keeps_the_expectation(rate):
+    """The package's `Dropout` (on PyTorch's CPU, its own mask from 16
+    random bits an element): each position is dropped at `rate` (the four
+    positions that share a 64-bit draw alike), kept values are scaled by one
+    over the keep probability, and the gradient is the same mask and scale.
+    With a seed it is Keras' seeded dropout: the same mask for the same seed."""
+    from keras_transformer.layers.direct_calls import Dropout
+
+    keras.utils.set_random_seed(3)
+    x = keras.Variable(np.ones((400, 1000), "float32"))
+    layer = Dropout(rate)
+    if keras.config.backend() == "torch":
+        y = layer(x.value, training=True)
+        y.sum().backward()
+        gradient = to_numpy(x.value.grad)
+    else:
+        y, gradient = layer(x, training=True), None
+    y = to_numpy(y)
+    kept = y != 0
+    # 400,000 elements: a drop rate within 0.004 of `rate` (over 6 standard
+    # deviations), for each position in a group of four.
+    for offset in range(4):
+        assert abs(1 - kept.reshape(-1)[offset::4].mean() - rate) < 0.004, offset
+    keep = kept.mean()
+    np.testing.assert_allclose(y[kept], 1 / (1 - rate), rtol=1e-4)
+    assert abs(y.mean() - 1) < 0.01
+    if gradient is not None:
+        np.testing.assert_array_equal(gradient, y)
+    np.testing.assert_array_equal(to_numpy(layer(x, training=False)), to_numpy(x))
+    seeded = [to_numpy(Dropout(rate, seed=7)(x, training=True)) for _ in range(2)]
+    np.testing.assert_array_equal(seeded[0], seeded[1])
+    assert 0 < keep < 1

@@ -425,4 +425,42 @@ class LayerNormalization(DirectCall, keras.layers.LayerNormalization):
 @keras.saving.register_keras_serializable(package="keras_transformer")
 class Dropout(DirectCall, keras.layers.Dropout):
     """`keras.layers.Dropout` that honours `direct_calls()` (its `call`
-    returns the input unless `training` is true)."""
+    returns the input unless `training` is true), and on PyTorch's CPU
+    draws its mask with fewer random numbers.
+
+    Without a seed, Keras drops with `torch.nn.functional.dropout`, which on
+    the CPU draws one random number per element (`bernoulli_`): 11 ms for
+    2.1 million elements on 2 cores, 0.3 s of a 2.6 s mixed-precision
+    training step of the 6+6-layer model. Here each element gets 16 random
+    bits, four to a 64-bit draw (3.5 ms), and is kept when they reach a
+    threshold: with probability `1 - round(rate * 2**16) / 2**16`, within
+    2**-17 of `1 - rate`, and scaled by one over that probability, so that
+    the expectation is the input. With a seed (Keras' own seeded mask), a
+    `noise_shape`, or on another device, it is Keras' dropout.
+    """
+
+    def call(self, inputs, training=False):
+        if (
+            training
+            and 0.0 < self.rate < 1.0
+            and self.seed is None
+            and self.noise_shape is None
+            and keras.config.backend() == "torch"
+            and inputs.device.type == "cpu"
+        ):
+            return _torch_cpu_dropout(inputs, self.rate)
+        return super().call(inputs, training=training)
+
+
+def _torch_cpu_dropout(inputs, rate):
+    """`inputs` with elements dropped at `rate` (see `Dropout`), from 16
+    random bits an element."""
+    import torch
+
+    dropped = round(rate * 65536)  # of the 2**16 values 16 bits can take
+    count = inputs.numel()
+    # `random_(-2**63, None)`: every 64-bit value (`random_()` leaves the
+    # sign bit 0).
+    draws = torch.empty((count + 3) // 4, dtype=torch.int64).random_(-(2**63), None)
+    bits = draws.view(torch.int16)[:count].view(inputs.shape)
+    return inputs * (bits >= dropped - 32768) * (65536 / (65536 - dropped))
