@@ -457,7 +457,8 @@ def _torch_cpu_dropout(inputs, rate):
     random bits an element."""
     import torch
 
-    dropped = round(rate * 65536)  # of the 2**16 values 16 bits can take
+    # Of the 2**16 values 16 bits can take; one is always kept.
+    dropped = min(round(rate * 65536), 65535)
     count = inputs.numel()
     # `random_(-2**63, None)`: every 64-bit value (`random_()` leaves the
     # sign bit 0).
