@@ -434,8 +434,9 @@ class Dropout(DirectCall, keras.layers.Dropout):
     training step of the 6+6-layer model. Here each element gets 16 random
     bits, four to a 64-bit draw (3.5 ms), and is kept when they reach a
     threshold: with probability `1 - round(rate * 2**16) / 2**16`, within
-    2**-17 of `1 - rate`, and scaled by one over that probability, so that
-    the expectation is the input. With a seed (Keras' own seeded mask), a
+    2**-17 of `1 - rate` (at least 2**-16: one of the 2**16 values is
+    always kept), and scaled by one over that probability, so that the
+    expectation is the input. With a seed (Keras' own seeded mask), a
     `noise_shape`, or on another device, it is Keras' dropout.
     """
 
