@@ -359,10 +359,11 @@ def test_int8_layers_multiply_as_int8_with_keras_results():
 @pytest.mark.parametrize("rate", [0.1, 0.3])
 def test_dropout_drops_at_its_rate_and_keeps_the_expectation(rate):
     """The package's `Dropout` (on PyTorch's CPU, its own mask from 16
-    random bits an element): each position is dropped at `rate` (the four
-    positions that share a 64-bit draw alike), kept values are scaled by one
-    over the keep probability, and the gradient is the same mask and scale.
-    With a seed it is Keras' seeded dropout: the same mask for the same seed."""
+    random bits an element; on JAX, from XLA's generator): each position is
+    dropped at `rate` (the four positions that share a 64-bit draw alike),
+    kept values are scaled by one over the keep probability, and the
+    gradient is the same mask and scale. The same seed gives the same mask;
+    the next call of a layer, another one."""
     from keras_transformer.layers.direct_calls import Dropout
 
     keras.utils.set_random_seed(3)
@@ -372,6 +373,19 @@ def test_dropout_drops_at_its_rate_and_keeps_the_expectation(rate):
         y = layer(x.value, training=True)
         y.sum().backward()
         gradient = to_numpy(x.value.grad)
+    elif keras.config.backend() == "jax":
+        import jax
+
+        layer.build(x.shape)
+        state = layer.seed_generator.state.value
+
+        def masked_sum(value):
+            with keras.StatelessScope(state_mapping=[(layer.seed_generator.state, state)]):
+                outputs = layer(value, training=True)
+            return outputs.sum(), outputs
+
+        (_, y), gradient = jax.value_and_grad(masked_sum, has_aux=True)(x.value)
+        gradient = to_numpy(gradient)
     else:
         y, gradient = layer(x, training=True), None
     y = to_numpy(y)
@@ -388,4 +402,7 @@ def test_dropout_drops_at_its_rate_and_keeps_the_expectation(rate):
     np.testing.assert_array_equal(to_numpy(layer(x, training=False)), to_numpy(x))
     seeded = [to_numpy(Dropout(rate, seed=7)(x, training=True)) for _ in range(2)]
     np.testing.assert_array_equal(seeded[0], seeded[1])
+    again = Dropout(rate, seed=7)
+    again(x, training=True)
+    assert (to_numpy(again(x, training=True)) != seeded[0]).any()
     assert 0 < keep < 1

@@ -425,8 +425,8 @@ class LayerNormalization(DirectCall, keras.layers.LayerNormalization):
 @keras.saving.register_keras_serializable(package="keras_transformer")
 class Dropout(DirectCall, keras.layers.Dropout):
     """`keras.layers.Dropout` that honours `direct_calls()` (its `call`
-    returns the input unless `training` is true), and on PyTorch's CPU
-    draws its mask with fewer random numbers.
+    returns the input unless `training` is true), and draws its mask
+    faster on JAX and on PyTorch's CPU.
 
     Without a seed, Keras drops with `torch.nn.functional.dropout`, which on
     the CPU draws one random number per element (`bernoulli_`): 11 ms for
@@ -438,18 +438,28 @@ class Dropout(DirectCall, keras.layers.Dropout):
     always kept), and scaled by one over that probability, so that the
     expectation is the input. With a seed (Keras' own seeded mask), a
     `noise_shape`, or on another device, it is Keras' dropout.
+
+    On JAX, Keras draws the mask with `jax.random.bernoulli`, a Threefry
+    generator written in JAX operations: 15 ms for 2.1 million elements on
+    2 cores, 11% of a float32 training step of the 3+3-layer model. Here
+    the layer's seed generator keys XLA's own Threefry generator
+    (`jax.lax.rng_bit_generator`, 3.3 ms) for 32 random bits an element; an
+    element is kept with probability `1 - round(rate * 2**32) / 2**32`
+    and scaled by one over it. The mask follows from the layer's seed as
+    Keras' does, seeded or not, but is not the same mask.
     """
 
     def call(self, inputs, training=False):
-        if (
-            training
-            and 0.0 < self.rate < 1.0
-            and self.seed is None
-            and self.noise_shape is None
-            and keras.config.backend() == "torch"
-            and inputs.device.type == "cpu"
-        ):
-            return _torch_cpu_dropout(inputs, self.rate)
+        if training and 0.0 < self.rate < 1.0 and self.noise_shape is None:
+            backend = keras.config.backend()
+            if backend == "jax":
+                return _jax_dropout(inputs, self.rate, self.seed_generator.next())
+            if (
+                backend == "torch"
+                and self.seed is None
+                and inputs.device.type == "cpu"
+            ):
+                return _torch_cpu_dropout(inputs, self.rate)
         return super().call(inputs, training=training)
 
 
@@ -466,3 +476,24 @@ def _torch_cpu_dropout(inputs, rate):
     draws = torch.empty((count + 3) // 4, dtype=torch.int64).random_(-(2**63), None)
     bits = draws.view(torch.int16)[:count].view(inputs.shape)
     return inputs * (bits >= dropped - 32768) * (65536 / (65536 - dropped))
+
+
+def _jax_dropout(inputs, rate, seed):
+    """`inputs` with elements dropped at `rate` (see `Dropout`), from 32
+    random bits an element of XLA's Threefry generator keyed by `seed`
+    (Keras' two 32-bit words)."""
+    import jax
+    import jax.numpy as jnp
+
+    # XLA's generator takes 128 bits of key: Keras' 64, and the same 64
+    # bits with a constant mixed in.
+    key = jnp.concatenate([seed, seed ^ jnp.uint32(0x9E3779B9)])
+    _, bits = jax.lax.rng_bit_generator(
+        key, inputs.shape, dtype=jnp.uint32,
+        algorithm=jax.lax.RandomAlgorithm.RNG_THREE_FRY,
+    )
+    dropped = min(round(rate * 2**32), 2**32 - 1)
+    scale = jnp.asarray(2**32 / (2**32 - dropped), inputs.dtype)
+    return jnp.where(
+        bits >= jnp.uint32(dropped), inputs * scale, jnp.zeros((), inputs.dtype)
+    )
