@@ -272,11 +272,12 @@ def test_projections_compute_numpys_einsum(equation, input_shape, output_shape, 
     assert bool(layer._torch_plan()) == (equation != "btd,bd->bt" and bias_axes != "h")
 
 
-@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "mixed_bfloat16"])
 def test_direct_dense_and_layer_norm_compute_numpys(dtype):
     """`Dense` (with its activation) and `LayerNormalization` called
     directly give NumPy's results; a bfloat16 LayerNorm computes in float32,
-    as Keras' does."""
+    as Keras' does (under mixed precision, on PyTorch, one kernel that
+    takes the bfloat16 input and float32 weights)."""
     from keras_transformer.layers.direct_calls import Dense
     from keras_transformer.layers.direct_calls import LayerNormalization
 
@@ -287,7 +288,7 @@ def test_direct_dense_and_layer_norm_compute_numpys(dtype):
     dense.build(x.shape)
     norm.build(x.shape)
     as_float = lambda w: to_numpy(keras.ops.cast(w, "float32"))  # noqa: E731
-    inputs = keras.ops.cast(x, dtype)
+    inputs = keras.ops.cast(x, norm.compute_dtype)
     x = as_float(inputs)  # the values the layers see
     with direct_calls():
         dense_out, norm_out = (as_float(layer(inputs)) for layer in (dense, norm))
@@ -298,6 +299,10 @@ def test_direct_dense_and_layer_norm_compute_numpys(dtype):
     np.testing.assert_allclose(dense_out, np.maximum(x @ kernel + bias, 0.0), **tolerance)
     np.testing.assert_allclose(norm_out, normalized * gamma + beta, **tolerance)
     assert (dense_out == 0).any() and (dense_out > 0).any()
+    if dtype != "float32":
+        # Within one bfloat16 rounding (8 significant bits) of float32's.
+        expected = normalized * gamma + beta
+        assert np.all(np.abs(norm_out - expected) <= np.abs(expected) * 2.0**-8 + 1e-6)
 
 
 

@@ -198,6 +198,11 @@ class DirectCall:
         if self._convert_input_args:
             args = tuple(_converted(self, value) for value in args)
             kwargs = {key: _converted(self, value) for key, value in kwargs.items()}
+        if getattr(self, "_torch_call_takes_mixed_dtypes", False):
+            torch_call = _torch_call_of(self)
+            if torch_call is not None:
+                kwargs.pop("training", None)
+                return torch_call(*args, **kwargs)
         scope = _autocast_scope(self, current)
         if scope is None:
             return call(*args, **kwargs)
@@ -402,7 +407,15 @@ class EinsumDense(DirectCall, keras.layers.EinsumDense):
 class LayerNormalization(DirectCall, keras.layers.LayerNormalization):
     """`keras.layers.LayerNormalization` that honours `direct_calls()`: on
     PyTorch, over the last axis, one `torch.nn.functional.layer_norm` call,
-    in float32 for lower precisions as Keras computes it."""
+    in float32 for lower precisions as Keras computes it: PyTorch's kernel
+    takes bfloat16 or float16 inputs with float32 weights and computes in
+    float32 (forward and backward 2.7 ms for a (256, 16, 512) bfloat16
+    input, against 4.5 ms with the input cast to float32 and the output
+    back). Under mixed precision too, where the other layers run Keras'
+    `call`."""
+
+    # `_torch_call` takes compute-dtype inputs with float32 weights.
+    _torch_call_takes_mixed_dtypes = True
 
     def _torch_plan(self):
         return not self.rms_scaling and self.axis in (-1, [-1]) and self.center and self.scale
@@ -411,13 +424,14 @@ class LayerNormalization(DirectCall, keras.layers.LayerNormalization):
         import torch
         from torch.nn.functional import layer_norm
 
+        gamma, beta = self.gamma.value, self.beta.value
+        if inputs.dtype in (torch.bfloat16, torch.float16) and gamma.dtype == beta.dtype == torch.float32:
+            return layer_norm(inputs, inputs.shape[-1:], gamma, beta, self.epsilon)
         dtype = inputs.dtype
         wide = dtype in (torch.float32, torch.float64)
         outputs = layer_norm(
             inputs if wide else inputs.float(), inputs.shape[-1:],
-            self.gamma.value if wide else self.gamma.value.float(),
-            self.beta.value if wide else self.beta.value.float(),
-            self.epsilon,
+            gamma if wide else gamma.float(), beta if wide else beta.float(), self.epsilon,
         )
         return outputs if wide else outputs.to(dtype)
 
