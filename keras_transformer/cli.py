@@ -141,6 +141,11 @@ def _load_translator(preset, args):
     # logits of every beam): kept for reuse, PyTorch translated 64 sentences
     # at a time 1.18x as fast (docs/benchmarks.md).
     reuse_freed_memory()
+    # JAX keeps the decoding steps it compiles on disk for the next command
+    # (`KERAS_TRANSFORMER_COMPILE_CACHE=off` turns it off).
+    from keras_transformer.utils.compile_cache import use_compile_cache
+
+    use_compile_cache()
     names = [preset, *args.ensemble]
     languages = {name: presets.preset_metadata(name).get("languages") for name in names} if args.ensemble else {}
     if len({tuple(sorted(pair.items())) for pair in languages.values() if pair}) > 1:

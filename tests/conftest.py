@@ -23,6 +23,9 @@ if keras.config.backend() == "jax":
     jax.config.update("jax_compilation_cache_dir", cache_dir)
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
     jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+    # Commands that tests run in subprocesses keep theirs there too, not in
+    # the user's cache (keras_transformer.utils.compile_cache).
+    os.environ.setdefault("KERAS_TRANSFORMER_COMPILE_CACHE", cache_dir)
 
 
 @pytest.fixture(autouse=True)

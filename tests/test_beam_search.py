@@ -175,6 +175,8 @@ def test_sources_leave_the_batch_without_changing_results(compiled_steps, monkey
     assert shrinks, kept
     if compiled_steps:
         assert all(keep & (keep - 1) == 0 and live <= keep for live, _, keep in shrinks), kept
+        # Never below 8 slots: each smaller size would compile every step again.
+        assert min(keep for _, _, keep in kept) == beam.MIN_COMPILED_SLOTS == 8, kept
         assert any(live < keep for live, _, keep in kept), kept  # done sources kept as filler
     else:
         assert all(keep == live for live, slots, keep in kept if live < slots), kept

@@ -50,6 +50,12 @@ CACHE_CHUNK = 16
 # and 1.6x, batch 16 0.8x and 0.9x.
 LOOP_BATCH_SIZE = 4
 
+# Where steps are compiled for each shape, batches shrink to no fewer slots
+# than this: each smaller size would compile every step shape again (for
+# each source length and cache length), for the last few steps of a batch,
+# whose cost hardly depends on the rows at that size.
+MIN_COMPILED_SLOTS = 8
+
 
 def pad_sources(sources, pad_id, max_length=None, multiple=8):
     """Source token id lists as a padded batch: `(encoder_token_ids,
@@ -353,12 +359,12 @@ def _slots_to_keep(done, compiled_steps=True):
     """The batch slots the next step keeps. Where steps are compiled for
     each shape (JAX, TensorFlow): all of them, or, when at most half hold
     live sources, the live ones and some done ones as filler, to the next
-    power of two (a few shapes, so compiled steps are reused; finished
-    sources cost nothing). Otherwise (PyTorch, eager): the live ones."""
+    power of two and at least `MIN_COMPILED_SLOTS` (a few shapes, so
+    compiled steps are reused; finished sources cost nothing). Otherwise (PyTorch, eager): the live ones."""
     live_rows = np.flatnonzero(~done)
     if not compiled_steps:
         return np.arange(len(done)) if len(live_rows) == len(done) else live_rows
-    size = 1 << int(len(live_rows) - 1).bit_length()
+    size = max(1 << int(len(live_rows) - 1).bit_length(), MIN_COMPILED_SLOTS)
     if size >= len(done):
         return np.arange(len(done))
     return np.concatenate([live_rows, np.flatnonzero(done)[: size - len(live_rows)]])
