@@ -23,10 +23,6 @@ import os
 # The environment variable that names the directory; "off" turns the cache off.
 ENVIRONMENT_VARIABLE = "KERAS_TRANSFORMER_COMPILE_CACHE"
 
-# Keep at most this many bytes; JAX drops the least recently used entries.
-MAX_BYTES = 2**30
-
-
 def default_directory():
     """`$KERAS_TRANSFORMER_COMPILE_CACHE`, else `$XDG_CACHE_HOME/keras_transformer/jax`
     (`~/.cache/keras_transformer/jax` by default); None when the variable is "off"."""
@@ -77,5 +73,8 @@ def use_compile_cache(directory=None):
     # A decoding step compiles in 0.1-0.5 s, under JAX's default threshold
     # (1 s) for what is worth keeping.
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
-    jax.config.update("jax_compilation_cache_max_size", MAX_BYTES)
+    # No size limit (JAX's default): its eviction needs the `filelock`
+    # package and a lock shared by every process that writes there. Entries
+    # are small (120 for a file of Multi30k sentences: 2.3 MB); the directory
+    # can be deleted at any time.
     return directory
