@@ -360,7 +360,8 @@ def _slots_to_keep(done, compiled_steps=True):
     each shape (JAX, TensorFlow): all of them, or, when at most half hold
     live sources, the live ones and some done ones as filler, to the next
     power of two and at least `MIN_COMPILED_SLOTS` (a few shapes, so
-    compiled steps are reused; finished sources cost nothing). Otherwise (PyTorch, eager): the live ones."""
+    compiled steps are reused; finished sources cost nothing). Otherwise
+    (PyTorch, eager): the live ones."""
     live_rows = np.flatnonzero(~done)
     if not compiled_steps:
         return np.arange(len(done)) if len(live_rows) == len(done) else live_rows

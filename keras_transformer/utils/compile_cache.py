@@ -23,6 +23,7 @@ import os
 # The environment variable that names the directory; "off" turns the cache off.
 ENVIRONMENT_VARIABLE = "KERAS_TRANSFORMER_COMPILE_CACHE"
 
+
 def default_directory():
     """`$KERAS_TRANSFORMER_COMPILE_CACHE`, else `$XDG_CACHE_HOME/keras_transformer/jax`
     (`~/.cache/keras_transformer/jax` by default); None when the variable is "off"."""
