@@ -70,9 +70,9 @@ def ours(backend, lines_file, output, cache):
 
 
 def ctranslate2_process(root, lines_file, output):
-    from keras_transformer.convert import export_marian
-
     import ctranslate2
+
+    from keras_transformer.convert import export_marian
 
     marian_dir = export_marian(PRESET, os.path.join(root, "marian"))
     model_dir = os.path.join(root, "ct2")
@@ -84,7 +84,7 @@ def ctranslate2_process(root, lines_file, output):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--data-dir", default=os.environ.get("KERAS_TRANSFORMER_MULTI30K"), required=False)
+    parser.add_argument("--data-dir", default=os.environ.get("KERAS_TRANSFORMER_MULTI30K"))
     parser.add_argument("--lines", type=int, default=256, help="test_2016_flickr sources in the file")
     parser.add_argument("--backends", default="jax,tensorflow,torch")
     parser.add_argument("--no-ctranslate2", action="store_true")

@@ -246,14 +246,19 @@ def test_a_full_disk_is_said_and_leaves_the_preset_as_it_was(preset, monkeypatch
         assert sorted(os.listdir(tmp_path)) == ["preset"]  # nothing left behind
 
 
-def _fake_tensorflow_export(model, saved_model, staging, beam_size, alpha, max_length_offset, dtype=None, quantize=None):
-    """What the TensorFlow subprocess writes (test_export.py runs the real
+def _fake_write(model, saved_model, beam_size, alpha, max_length_offset):
+    """What the SavedModel writer writes (test_export.py runs the real
     one): the SavedModel's entries, which say their beam size."""
     for name in ("variables", "assets"):
         os.makedirs(os.path.join(saved_model, name))
     for name in ("saved_model.pb", "fingerprint.pb"):
         with open(os.path.join(saved_model, name), "w") as f:
             f.write(f"beam {beam_size}")
+
+
+def _fake_tensorflow_export(model, saved_model, staging, beam_size, alpha, max_length_offset, dtype=None, quantize=None):
+    """`_fake_write` as the TensorFlow subprocess of the other backends does it."""
+    _fake_write(model, saved_model, beam_size, alpha, max_length_offset)
 
 
 def _child_report(monkeypatch, capsys, error):
@@ -280,8 +285,7 @@ def test_export_overwrite_keeps_the_users_files_and_says_disk_full(preset, monke
     # TensorFlow subprocess.
     in_process = keras.config.backend() == "tensorflow"
     if in_process:
-        monkeypatch.setattr(export, "_write", lambda model, path, beam_size, *args: _fake_tensorflow_export(
-            model, path, None, beam_size, *args))
+        monkeypatch.setattr(export, "_write", _fake_write)
     else:
         monkeypatch.setattr(export, "_write_in_tensorflow_process", _fake_tensorflow_export)
     out = str(tmp_path / "exported")
