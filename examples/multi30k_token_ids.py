@@ -22,12 +22,31 @@ preset's vocabulary, and prints the averaged model's lowercased sacreBLEU
 on val, test_2016_flickr and test_2017_flickr (beam 4, alpha 0.6), which
 it also writes beside the weights (`NAME.json`). `--seconds` stops it
 earlier, after the last epoch that fits, leaving time to score.
+`--init-weights` starts it from a preset or earlier weights instead of at
+random, and `--distilled` adds a teacher's translations of the training
+sources (`distill`) to the references, or puts them in their place
+(`--distilled-only`).
+
+`distill` scores an ensemble (presets or `train`'s weights) on val and
+test_2016_flickr and translates the training sources with it. `pipeline`
+runs the three on one GPU, each phase's runs side by side as processes
+(a small model's steps are bound by the host, so they share the GPU well),
+each within its phase's seconds: teachers from scratch, then the ensemble
+of the current model and the teachers that came within `--teacher-margin`
+val BLEU of it translates the training sources, then students start from
+the current model and train on the references, the translations, or both;
+the best student of each pair (by val BLEU) is written out:
+
+    KERAS_BACKEND=torch python examples/multi30k_token_ids.py pipeline --token-ids pairs.npz \
+        --initial en-de=transformer_multi30k_en_de de-en=transformer_multi30k_de_en \
+        --output-dir OUT
 """
 
 import argparse
 import json
 import os
 import platform
+import shutil
 import time
 
 import numpy as np
@@ -93,27 +112,18 @@ def train(args):
     import keras
 
     from keras_transformer.data.batching import TokenBudgetBatches
-    from keras_transformer.decoding.beam import beam_search
-    from keras_transformer.metrics import corpus_scores
-    from keras_transformer.models import CONFIGS
-    from keras_transformer.models import TransformerBackbone
-    from keras_transformer.models import TransformerSeq2SeqLM
     from keras_transformer.schedules import paper_optimizer
 
     started = time.time()
     data = TokenIds(args.token_ids)
-    source, target = args.pair.split("-")
     keras.utils.set_random_seed(args.seed)
-    batches = TokenBudgetBatches(
-        data.ids("train", "encoder", source)[: args.limit], data.ids("train", "decoder", target)[: args.limit],
-        max_tokens=args.max_tokens, max_length=256, seed=args.seed,
-    )
-    detokenizer = data.detokenizer()
-    backbone = TransformerBackbone(vocabulary_size=detokenizer.get_piece_size(), max_sequence_length=256,
-                                   **{**CONFIGS["small"], "dropout": args.dropout})
-    model = TransformerSeq2SeqLM(backbone)
+    sources, targets, distilled = _training_pairs(data, args)
+    batches = TokenBudgetBatches(sources, targets, max_tokens=args.max_tokens, max_length=256, seed=args.seed)
+    model = _model(data, dropout=args.dropout, weights=args.init_weights)
+    backbone = model.backbone
     model.compile(optimizer=paper_optimizer(backbone.d_model, args.warmup_steps), label_smoothing=0.1)
-    print(f"{backbone.count_params():,} parameters, {len(batches)} batches an epoch")
+    print(f"{backbone.count_params():,} parameters, {len(batches)} batches an epoch "
+          f"({distilled:,} distilled pairs)", flush=True)
 
     # Averaged in memory rather than through `keras_transformer.callbacks`'
     # checkpoint files: a rented machine's disk is gone when it is.
@@ -149,24 +159,133 @@ def train(args):
 
     result = {"pair": args.pair, "seed": args.seed, "epochs": len(average.epoch_seconds),
               "steps": len(average.epoch_seconds) * len(batches), "averaged_epochs": len(average.kept),
-              "seconds_an_epoch": round(float(np.median(average.epoch_seconds)), 2), "hardware": _hardware()}
-    # On token ids with beam_search: `evaluate_translation` takes text, and
-    # its tokenizer needs TensorFlow.
-    for split in ("val", "test_2016_flickr", "test_2017_flickr"):
-        sources = data.ids(split, "encoder", source)[: args.score_limit]
-        translations = [None] * len(sources)
-        order = np.argsort([len(s) for s in sources])
-        for start in range(0, len(order), 200):
-            rows = order[start : start + 200]
-            found = beam_search(model, [sources[r] for r in rows], beam_size=4, alpha=0.6)
-            for row, hypotheses in zip(rows, found):
-                translations[row] = detokenizer.decode(hypotheses[0][0]) if hypotheses else ""
-        result[split] = round(corpus_scores(translations, data.texts(split, target)[: len(sources)])["bleu_lowercase"], 2)
-        print(f"{split}: lowercased BLEU {result[split]}")
+              "seconds_an_epoch": round(float(np.median(average.epoch_seconds)), 2), "hardware": _hardware(),
+              "initial_weights": bool(args.init_weights), "distilled_pairs": distilled,
+              "distilled_only": bool(args.distilled and args.distilled_only)}
+    # Saved before scoring: weights outlast a scoring that fails.
     np.savez(args.output, *[w.astype("float16") for w in backbone.get_weights()])
+    result.update(_scores(model, data, args.pair, args.score_limit))
     with open(os.path.splitext(args.output)[0] + ".json", "w") as f:
         json.dump(result, f, indent=1)
     print(f"Wrote {args.output} (float16 weights)")
+
+
+def _training_pairs(data, args):
+    """The training split's encoder and decoder ids for `args.pair` (its
+    first `args.limit`), with the translations in `args.distilled` beside
+    them, or instead of them with `args.distilled_only`; and how many
+    translations there are."""
+    source, target = args.pair.split("-")
+    all_sources = data.ids("train", "encoder", source)
+    sources = all_sources[: args.limit]
+    targets = data.ids("train", "decoder", target)[: args.limit]
+    if not args.distilled:
+        return sources, targets, 0
+    # Sequence-level knowledge distillation (Kim and Rush, 2016): a
+    # teacher's translations of the training sources.
+    teacher = np.load(args.distilled)
+    rows = teacher["rows"].tolist()
+    if args.distilled_only:
+        sources, targets = [], []
+    return sources + [all_sources[r] for r in rows], targets + _unflat(teacher["decoder"], len(rows)), len(rows)
+
+
+def _model(data, dropout=0.0, weights=None):
+    """The `small` Transformer on the pairs' vocabulary, with `weights` (an
+    .npz that `train` wrote) if given."""
+    from keras_transformer.models import CONFIGS
+    from keras_transformer.models import TransformerBackbone
+    from keras_transformer.models import TransformerSeq2SeqLM
+
+    backbone = TransformerBackbone(vocabulary_size=data.detokenizer().get_piece_size(), max_sequence_length=256,
+                                   **{**CONFIGS["small"], "dropout": dropout})
+    model = TransformerSeq2SeqLM(backbone)
+    if weights:
+        values = _load_weights(weights)
+        if [v.shape for v in values] != [tuple(w.shape) for w in backbone.weights]:
+            raise SystemExit(f"{weights} does not hold the weights of a `small` Transformer on this vocabulary.")
+        backbone.set_weights([v.astype(w.dtype) for v, w in zip(values, backbone.weights)])
+    return model
+
+
+def _load_weights(path):
+    """The backbone's weights from an .npz that `train` wrote, or from a
+    preset (a name or a directory; its tokenizer is not loaded, so no
+    TensorFlow is needed)."""
+    if not path.endswith(".npz"):
+        from keras_transformer.models import TransformerBackbone
+
+        return TransformerBackbone.from_preset(path).get_weights()
+    weights = np.load(path)
+    return [weights[f"arr_{i}"] for i in range(len(weights.files))]
+
+
+def _translate(model, sources, detokenizer=None, batch_size=200, order=None, seconds=None):
+    """Beam 4, alpha 0.6 translations of `sources` (token id lists), as
+    text with `detokenizer`, else as id lists; `None` for those not reached
+    within `seconds`. Batches are of similar lengths, in `order` if given."""
+    from keras_transformer.decoding.beam import beam_search
+
+    started = time.time()
+    translations = [None] * len(sources)
+    by_length = np.argsort([len(s) for s in sources], kind="stable")
+    chunks = [by_length[i : i + batch_size] for i in range(0, len(by_length), batch_size)]
+    for index in order if order is not None else range(len(chunks)):
+        if seconds and time.time() - started > seconds:
+            break
+        rows = chunks[index]
+        found = beam_search(model, [sources[r] for r in rows], beam_size=4, alpha=0.6)
+        for row, hypotheses in zip(rows, found):
+            ids = hypotheses[0][0] if hypotheses else []
+            translations[row] = detokenizer.decode(ids) if detokenizer else ids
+    return translations
+
+
+def _scores(model, data, pair, limit=None, splits=("val", "test_2016_flickr", "test_2017_flickr")):
+    """Lowercased sacreBLEU of `model` on `splits`, beam 4, alpha 0.6: on
+    token ids with beam_search, since `evaluate_translation` takes text and
+    its tokenizer needs TensorFlow."""
+    from keras_transformer.metrics import corpus_scores
+
+    source, target = pair.split("-")
+    result = {}
+    for split in splits:
+        sources = data.ids(split, "encoder", source)[:limit]
+        translations = _translate(model, sources, data.detokenizer())
+        references = data.texts(split, target)[: len(sources)]
+        result[split] = round(corpus_scores(translations, references)["bleu_lowercase"], 2)
+        print(f"{split}: lowercased BLEU {result[split]}", flush=True)
+    return result
+
+
+def distill(args):
+    """Translates the training sources with an ensemble of `--weights`
+    (beam 4, alpha 0.6) and writes them as decoder token ids, for `train
+    --distilled`; scores the ensemble first."""
+    from keras_transformer.decoding.ensemble import Ensemble
+
+    started = time.time()
+    data = TokenIds(args.token_ids)
+    models = [_model(data, weights=path) for path in args.weights]
+    model = models[0] if len(models) == 1 else Ensemble(models)
+    result = {"pair": args.pair, "teachers": [os.path.basename(path) for path in args.weights]}
+    result.update(_scores(model, data, args.pair, args.score_limit, splits=("val", "test_2016_flickr")))
+    sources = data.ids("train", "encoder", args.pair.split("-")[0])[: args.limit]
+    chunks = -(-len(sources) // args.batch_size)
+    # Batches in a random order: a translation cut short by --seconds still
+    # covers every length.
+    order = np.random.default_rng(0).permutation(chunks)
+    left = args.seconds - (time.time() - started) if args.seconds else None
+    translations = _translate(model, sources, batch_size=args.batch_size, order=order, seconds=left)
+    rows = [i for i, ids in enumerate(translations) if ids is not None]
+    special = models[0].special_token_ids
+    decoder_ids = [special.frame_target(translations[r]) for r in rows]
+    np.savez(args.output, rows=np.array(rows, "int32"), decoder=_flat(decoder_ids))
+    result.update(distilled_pairs=len(rows), seconds=round(time.time() - started, 1))
+    with open(os.path.splitext(args.output)[0] + ".json", "w") as f:
+        json.dump(result, f, indent=1)
+    print(f"Wrote {args.output}: {len(rows):,} of {len(sources):,} training sources translated "
+          f"in {result['seconds']} s", flush=True)
 
 
 def _hardware():
@@ -195,8 +314,7 @@ def to_preset(args):
     if os.path.exists(args.output_dir) and os.listdir(args.output_dir):
         raise SystemExit(f"{args.output_dir} is not empty: choose another --output-dir.")
     model = TransformerSeq2SeqLM.from_preset(args.preset)
-    weights = np.load(args.weights)
-    values = [weights[f"arr_{i}"] for i in range(len(weights.files))]
+    values = _load_weights(args.weights)
     shapes = [tuple(w.shape) for w in model.backbone.weights]
     if [v.shape for v in values] != shapes:
         raise SystemExit(f"{args.weights} does not hold the weights of {args.preset}'s architecture.")
@@ -222,6 +340,127 @@ def to_preset(args):
     print(f"Wrote {args.output_dir}")
 
 
+def pipeline(args):
+    """Teachers, their ensemble's translations, then students, on one
+    accelerator: each phase's runs side by side as processes (a small model
+    leaves most of a GPU idle), each within its phase's seconds. Writes the
+    best student of each pair (by val BLEU), `summary.json` with every run's
+    scores, and `log.txt`, into `--output-dir`."""
+    import subprocess
+    import sys
+
+    os.makedirs(args.output_dir, exist_ok=True)
+    work = os.path.join(args.output_dir, "runs") if args.keep_runs else _temporary_directory()
+    os.makedirs(work, exist_ok=True)
+    initial = dict(item.split("=", 1) for item in args.initial)
+    pairs = list(initial)
+    # Each run's host work on a couple of cores, not every run on all of them.
+    env = {**os.environ, "OMP_NUM_THREADS": "2", "PYTHONUNBUFFERED": "1"}
+    common = ["--token-ids", args.token_ids] + (["--limit", str(args.limit)] if args.limit else [])
+    if args.score_limit:
+        common += ["--score-limit", str(args.score_limit)]
+
+    def run_phase(name, runs, seconds):
+        began = time.time()
+        print(f"{name}: {len(runs)} runs side by side, {seconds:.0f} s", flush=True)
+        processes = []
+        for label, arguments in runs:
+            log = open(os.path.join(work, label + ".log"), "w")
+            # The run's own options after the common ones, so that they win.
+            command = [sys.executable, os.path.abspath(__file__), arguments[0], *common, *arguments[1:]]
+            processes.append((label, subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env), log))
+        for label, process, log in processes:
+            try:
+                process.wait(timeout=max(1.0, began + seconds + args.grace_seconds - time.time()))
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+            log.close()
+            print(f"  {label}: exit {process.returncode}", flush=True)
+        print(f"{name}: {time.time() - began:.0f} s", flush=True)
+        if all(process.returncode for _, process, _ in processes):
+            with open(os.path.join(work, runs[0][0] + ".log")) as f:
+                print(f.read()[-3000:])
+            raise SystemExit(f"{name}: every run failed; the first one's log ends above.")
+
+    # Process start-up (imports, the accelerator's) is not in a run's --seconds.
+    start_up = 20
+    teachers = {
+        pair: [os.path.join(work, f"teacher-{pair}-s{seed}.npz") for seed in args.teacher_seeds] for pair in pairs
+    }
+    runs = [(f"teacher-{pair}-s{seed}", ["train", "--pair", pair, "--seed", str(seed),
+             "--seconds", str(args.teacher_seconds - start_up), "--scoring-seconds", str(args.scoring_seconds),
+             "--output", path]) for pair in pairs for seed, path in zip(args.teacher_seeds, teachers[pair])]
+    if runs:
+        runs += [(f"initial-{pair}", ["distill", "--pair", pair, "--weights", initial[pair], "--limit", "0",
+                  "--output", os.path.join(work, f"initial-{pair}.npz")]) for pair in pairs]
+        run_phase("teachers", runs, args.teacher_seconds)
+
+    # Teachers that trained too briefly to come near the current model on
+    # val would drag the ensemble down: they are left out.
+    for pair in pairs if args.teacher_seeds else ():
+        floor = _val_bleu(os.path.join(work, f"initial-{pair}.json")) - args.teacher_margin
+        teachers[pair] = [t for t in teachers[pair] if _val_bleu(t.replace(".npz", ".json")) >= floor]
+        print(f"{pair}: teachers {[os.path.basename(t) for t in teachers[pair]]} (val BLEU >= {floor:.2f})")
+    distilled = {pair: os.path.join(work, f"distilled-{pair}.npz") for pair in pairs}
+    runs = [(f"distilled-{pair}", ["distill", "--pair", pair, "--seconds", str(args.distill_seconds - start_up),
+             "--weights", initial[pair], *teachers[pair],
+             "--batch-size", str(args.batch_size), "--output", distilled[pair]]) for pair in pairs]
+    run_phase("distillation", runs, args.distill_seconds)
+
+    variants = {"distilled-and-references": [], "distilled-only": ["--distilled-only"], "references-only": None}
+    variants = {name: options for name, options in variants.items() if name in args.students}
+    runs = []
+    for pair in pairs:
+        for variant, options in variants.items():
+            if options is not None and not os.path.exists(distilled[pair]):
+                continue
+            extra = [] if options is None else ["--distilled", distilled[pair], *options]
+            runs.append((f"student-{pair}-{variant}", [
+                "train", "--pair", pair, "--init-weights", initial[pair], "--epochs", "100", *extra,
+                "--seconds", str(args.student_seconds - start_up), "--scoring-seconds", str(args.scoring_seconds),
+                "--output", os.path.join(work, f"student-{pair}-{variant}.npz")]))
+    run_phase("students", runs, args.student_seconds)
+
+    summary = {}
+    for name in sorted(os.listdir(work)):
+        if name.endswith(".json"):
+            with open(os.path.join(work, name)) as f:
+                summary[name.removesuffix(".json")] = json.load(f)
+    with open(os.path.join(args.output_dir, "summary.json"), "w") as f:
+        json.dump(summary, f, indent=1)
+    with open(os.path.join(args.output_dir, "log.txt"), "w") as out:
+        for name in sorted(os.listdir(work)):
+            if name.endswith(".log"):
+                with open(os.path.join(work, name)) as f:
+                    out.write(f"==> {name}\n" + f.read() + "\n")
+    for pair in pairs:
+        students = {k: v for k, v in summary.items() if k.startswith(f"student-{pair}-") and "val" in v}
+        if not students:
+            print(f"{pair}: no student finished")
+            continue
+        best = max(students, key=lambda k: students[k]["val"])
+        for extension in (".npz", ".json"):
+            written = os.path.join(args.output_dir, f"student-{pair}{extension}")
+            shutil.copy(os.path.join(work, best + extension), written)
+        print(f"{pair}: best student {best}: {students[best]}", flush=True)
+
+
+def _val_bleu(path):
+    """The val BLEU a run recorded; minus infinity where it recorded none."""
+    try:
+        with open(path) as f:
+            return json.load(f)["val"]
+    except (OSError, KeyError, ValueError):
+        return float("-inf")
+
+
+def _temporary_directory():
+    import tempfile
+
+    return tempfile.mkdtemp(prefix="multi30k-runs-")
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     steps = parser.add_subparsers(dest="step", required=True)
@@ -242,13 +481,49 @@ def main():
     p.add_argument("--keep-checkpoints", type=int, default=5, help="how many last epochs to average")
     p.add_argument("--limit", type=int, help="train on the first N pairs only (a smoke test)")
     p.add_argument("--score-limit", type=int, help="score the first N sentences of each split only")
+    p.add_argument("--init-weights", help="start from this model (a preset, or an .npz `train` wrote), not at random")
+    p.add_argument("--distilled", help="also train on these translations of the training sources (`distill`)")
+    p.add_argument("--distilled-only", action="store_true", help="train on --distilled alone, not the references")
     p.add_argument("--output", required=True, help="the .npz of float16 weights to write")
+    p = steps.add_parser("distill", help="score an ensemble and translate the training sources with it")
+    p.add_argument("--token-ids", required=True, help="the .npz `prepare` wrote")
+    p.add_argument("--pair", choices=("en-de", "de-en"), default="en-de")
+    p.add_argument("--weights", nargs="+", required=True, help="the models (presets, or .npz files `train` wrote)")
+    p.add_argument("--batch-size", type=int, default=200, help="sources translated together")
+    p.add_argument("--seconds", type=float, help="stop translating after this many seconds")
+    p.add_argument("--limit", type=int, help="translate the first N training sources only (0: score only)")
+    p.add_argument("--score-limit", type=int, help="score the first N sentences of each split only")
+    p.add_argument("--output", required=True, help="the .npz of translations to write")
+    p = steps.add_parser("pipeline", help="teachers, distillation and students side by side on one GPU")
+    p.add_argument("--token-ids", required=True, help="the .npz `prepare` wrote")
+    p.add_argument("--initial", nargs="+", required=True, metavar="PAIR=MODEL",
+                   help="each pair's current model (a preset, or an .npz `train` wrote): a teacher, and where "
+                        "students start")
+    p.add_argument("--teacher-seeds", type=int, nargs="*", default=[1, 2, 3],
+                   help="seeds of the teachers trained from scratch (none: the current model teaches alone)")
+    p.add_argument("--students", nargs="+", default=["distilled-and-references", "distilled-only", "references-only"],
+                   choices=["distilled-and-references", "distilled-only", "references-only"],
+                   help="what the students, which start from the current model, train on")
+    # Six teachers sharing an H200 took 11-12 s an epoch: 30 epochs in about 6 minutes.
+    p.add_argument("--teacher-seconds", type=float, default=420, help="the teachers' phase")
+    p.add_argument("--distill-seconds", type=float, default=90, help="the translation phase")
+    p.add_argument("--student-seconds", type=float, default=240, help="the students' phase")
+    p.add_argument("--teacher-margin", type=float, default=1.5,
+                   help="leave out teachers more than this many val BLEU below the current model")
+    p.add_argument("--scoring-seconds", type=float, default=25, help="time each run keeps for scoring")
+    p.add_argument("--grace-seconds", type=float, default=30, help="how long past its phase a run may go")
+    p.add_argument("--batch-size", type=int, default=1000, help="sources translated together when distilling")
+    p.add_argument("--limit", type=int, help="train on the first N pairs only (a smoke test)")
+    p.add_argument("--score-limit", type=int, help="score the first N sentences of each split only")
+    p.add_argument("--keep-runs", action="store_true", help="keep every run's files under OUTPUT_DIR/runs")
+    p.add_argument("--output-dir", required=True)
     p = steps.add_parser("to-preset", help="write trained weights as a preset (needs TensorFlow)")
     p.add_argument("--weights", required=True, help="the .npz `train` wrote")
     p.add_argument("--preset", default="transformer_multi30k_en_de", help="whose architecture and tokenizer")
     p.add_argument("--output-dir", required=True)
     args = parser.parse_args()
-    {"prepare": prepare, "train": train, "to-preset": to_preset}[args.step](args)
+    commands = {"prepare": prepare, "train": train, "distill": distill, "pipeline": pipeline, "to-preset": to_preset}
+    commands[args.step](args)
 
 
 if __name__ == "__main__":

@@ -125,3 +125,38 @@ def test_distill_writes_the_ensembles_translations_beside_the_other_splits(tmp_p
     with pytest.raises(SystemExit, match="not empty"):
         presets_example.distill(args)
     assert len(calls) == 1
+
+
+def test_distilled_translations_join_the_references_or_replace_them(tmp_path):
+    import numpy as np
+
+    token_ids_example = _load_example("multi30k_token_ids")
+    sources, references = [[5, 6, 2], [7, 2], [8, 9, 10, 2]], [[1, 11, 2], [1, 12, 13, 2], [1, 14, 2]]
+    flat = token_ids_example._flat
+    np.savez(tmp_path / "pairs.npz", **{"train.encoder.en": flat(sources), "train.decoder.de": flat(references),
+                                        "train.text.en": np.array(["a", "b", "c"]),
+                                        "train.text.de": np.array(["x", "y", "z"])})
+    # The teacher translated sources 2 and 0, in that order.
+    translations = [[1, 20, 21, 2], [1, 22, 2]]
+    np.savez(tmp_path / "distilled.npz", rows=np.array([2, 0], "int32"), decoder=flat(translations))
+    data = token_ids_example.TokenIds(tmp_path / "pairs.npz")
+
+    def pairs(**options):
+        args = argparse.Namespace(pair="en-de", limit=None, distilled=None, distilled_only=False)
+        return token_ids_example._training_pairs(data, argparse.Namespace(**{**vars(args), **options}))
+
+    assert pairs() == (sources, references, 0)
+    assert pairs(limit=1) == (sources[:1], references[:1], 0)
+    both = pairs(distilled=str(tmp_path / "distilled.npz"))
+    assert both == (sources + [sources[2], sources[0]], references + translations, 2)
+    only = pairs(distilled=str(tmp_path / "distilled.npz"), distilled_only=True)
+    assert only == ([sources[2], sources[0]], translations, 2)
+
+
+def test_the_pipeline_leaves_out_teachers_without_a_val_score(tmp_path):
+    token_ids_example = _load_example("multi30k_token_ids")
+    (tmp_path / "scored.json").write_text(json.dumps({"val": 37.5}))
+    (tmp_path / "killed.json").write_text("{")
+    assert token_ids_example._val_bleu(str(tmp_path / "scored.json")) == 37.5
+    assert token_ids_example._val_bleu(str(tmp_path / "killed.json")) == float("-inf")
+    assert token_ids_example._val_bleu(str(tmp_path / "missing.json")) == float("-inf")
