@@ -34,8 +34,9 @@ runs the three on one GPU, each phase's runs side by side as processes
 each within its phase's seconds: teachers from scratch, then the ensemble
 of the current model and the teachers that came within `--teacher-margin`
 val BLEU of it translates the training sources, then students start from
-the current model and train on the references, the translations, or both;
-the best student of each pair (by val BLEU) is written out:
+the current model and train on the references, the translations, or both,
+and each student averaged with the current model is scored too; the best
+of each pair (by val BLEU) is written out:
 
     KERAS_BACKEND=torch python examples/multi30k_token_ids.py pipeline --token-ids pairs.npz \
         --initial en-de=transformer_multi30k_en_de de-en=transformer_multi30k_de_en \
@@ -410,17 +411,30 @@ def pipeline(args):
 
     variants = {"distilled-and-references": [], "distilled-only": ["--distilled-only"], "references-only": None}
     variants = {name: options for name, options in variants.items() if name in args.students}
-    runs = []
+    runs, students = [], []
     for pair in pairs:
         for variant, options in variants.items():
             if options is not None and not os.path.exists(distilled[pair]):
                 continue
+            students.append((pair, variant))
             extra = [] if options is None else ["--distilled", distilled[pair], *options]
             runs.append((f"student-{pair}-{variant}", [
                 "train", "--pair", pair, "--init-weights", initial[pair], "--epochs", "100", *extra,
                 "--seconds", str(args.student_seconds - start_up), "--scoring-seconds", str(args.scoring_seconds),
                 "--output", os.path.join(work, f"student-{pair}-{variant}.npz")]))
     run_phase("students", runs, args.student_seconds)
+
+    # Each student's weights averaged with those it started from (section
+    # 6.1's checkpoint averaging, across stages), scored as a candidate too.
+    runs = []
+    for pair, variant in students:
+        path = os.path.join(work, f"student-{pair}-{variant}.npz")
+        if os.path.exists(path):
+            average = os.path.join(work, f"average-{pair}-{variant}.npz")
+            _write_average([_load_weights(initial[pair]), _load_weights(path)], average)
+            runs.append((f"average-{pair}-{variant}", ["score", "--pair", pair, "--weights", average]))
+    if runs:
+        run_phase("averages", runs, args.average_seconds)
 
     summary = {}
     for name in sorted(os.listdir(work)):
@@ -435,7 +449,9 @@ def pipeline(args):
                 with open(os.path.join(work, name)) as f:
                     out.write(f"==> {name}\n" + f.read() + "\n")
     for pair in pairs:
-        students = {k: v for k, v in summary.items() if k.startswith(f"student-{pair}-") and "val" in v}
+        students = {
+            k: v for k, v in summary.items() if k.startswith((f"student-{pair}-", f"average-{pair}-")) and "val" in v
+        }
         if not students:
             print(f"{pair}: no student finished")
             continue
@@ -444,6 +460,26 @@ def pipeline(args):
             written = os.path.join(args.output_dir, f"student-{pair}{extension}")
             shutil.copy(os.path.join(work, best + extension), written)
         print(f"{pair}: best student {best}: {students[best]}", flush=True)
+
+
+def _write_average(models, path):
+    """The element-wise mean of several models' weights, in float16 as
+    `train` writes them."""
+    means = [np.mean([w.astype("float32") for w in weights], axis=0) for weights in zip(*models)]
+    np.savez(path, *[w.astype("float16") for w in means])
+
+
+def score(args):
+    """Lowercased sacreBLEU of a model or an ensemble on val,
+    test_2016_flickr and test_2017_flickr, written beside the first."""
+    from keras_transformer.decoding.ensemble import Ensemble
+
+    data = TokenIds(args.token_ids)
+    models = [_model(data, weights=path) for path in args.weights]
+    result = {"pair": args.pair, "models": [os.path.basename(path) for path in args.weights]}
+    result.update(_scores(models[0] if len(models) == 1 else Ensemble(models), data, args.pair, args.score_limit))
+    with open(os.path.splitext(args.weights[0])[0] + ".json", "w") as f:
+        json.dump(result, f, indent=1)
 
 
 def _val_bleu(path):
@@ -494,6 +530,12 @@ def main():
     p.add_argument("--limit", type=int, help="translate the first N training sources only (0: score only)")
     p.add_argument("--score-limit", type=int, help="score the first N sentences of each split only")
     p.add_argument("--output", required=True, help="the .npz of translations to write")
+    p = steps.add_parser("score", help="score a model or an ensemble; the scores go beside the first model")
+    p.add_argument("--token-ids", required=True, help="the .npz `prepare` wrote")
+    p.add_argument("--pair", choices=("en-de", "de-en"), default="en-de")
+    p.add_argument("--weights", nargs="+", required=True, help="the models (presets, or .npz files `train` wrote)")
+    p.add_argument("--limit", type=int, help="ignored (the pipeline passes it to every step)")
+    p.add_argument("--score-limit", type=int, help="score the first N sentences of each split only")
     p = steps.add_parser("pipeline", help="teachers, distillation and students side by side on one GPU")
     p.add_argument("--token-ids", required=True, help="the .npz `prepare` wrote")
     p.add_argument("--initial", nargs="+", required=True, metavar="PAIR=MODEL",
@@ -508,6 +550,8 @@ def main():
     p.add_argument("--teacher-seconds", type=float, default=420, help="the teachers' phase")
     p.add_argument("--distill-seconds", type=float, default=90, help="the translation phase")
     p.add_argument("--student-seconds", type=float, default=240, help="the students' phase")
+    p.add_argument("--average-seconds", type=float, default=60,
+                   help="the phase that scores each student averaged with the model it started from")
     p.add_argument("--teacher-margin", type=float, default=1.5,
                    help="leave out teachers more than this many val BLEU below the current model")
     p.add_argument("--scoring-seconds", type=float, default=25, help="time each run keeps for scoring")
@@ -522,7 +566,8 @@ def main():
     p.add_argument("--preset", default="transformer_multi30k_en_de", help="whose architecture and tokenizer")
     p.add_argument("--output-dir", required=True)
     args = parser.parse_args()
-    commands = {"prepare": prepare, "train": train, "distill": distill, "pipeline": pipeline, "to-preset": to_preset}
+    commands = {"prepare": prepare, "train": train, "distill": distill, "score": score, "pipeline": pipeline,
+                "to-preset": to_preset}
     commands[args.step](args)
 
 

@@ -160,3 +160,16 @@ def test_the_pipeline_leaves_out_teachers_without_a_val_score(tmp_path):
     assert token_ids_example._val_bleu(str(tmp_path / "scored.json")) == 37.5
     assert token_ids_example._val_bleu(str(tmp_path / "killed.json")) == float("-inf")
     assert token_ids_example._val_bleu(str(tmp_path / "missing.json")) == float("-inf")
+
+
+def test_averaged_weights_are_the_element_wise_mean_in_float16(tmp_path):
+    import numpy as np
+
+    token_ids_example = _load_example("multi30k_token_ids")
+    first = [np.array([[1.0, 2.0], [3.0, 4.0]], "float16"), np.array([0.5], "float16")]
+    second = [np.array([[3.0, 2.0], [1.0, -4.0]], "float16"), np.array([1.5], "float16")]
+    token_ids_example._write_average([first, second], str(tmp_path / "average.npz"))
+    average = token_ids_example._load_weights(str(tmp_path / "average.npz"))
+    assert [w.dtype for w in average] == ["float16", "float16"]
+    np.testing.assert_array_equal(average[0], [[2.0, 2.0], [2.0, 0.0]])
+    np.testing.assert_array_equal(average[1], [1.0])
