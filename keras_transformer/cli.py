@@ -131,8 +131,21 @@ def _add_precision(p):
                    "preset (same vocabulary and languages), averaging the models' probabilities; repeatable")
 
 
+# Whether the command runs in a process of its own (`run`), which it may
+# keep TensorFlow out of, rather than in a caller's (`main`).
+_OWN_PROCESS = False
+
+
 def _load_translator(preset, args):
     """The models of `preset` and --ensemble as --dtype and --quantize ask, and the decoding settings."""
+    from keras_transformer.utils import tensorflow_free
+
+    names = [preset, *args.ensemble]
+    # On JAX and PyTorch, SentencePiece presets translate without
+    # TensorFlow, which takes seconds to import (utils/tensorflow_free.py);
+    # only in the command's own process, not in a caller's of `main`.
+    if _OWN_PROCESS and tensorflow_free.sentencepiece_presets(names):
+        tensorflow_free.skip_tensorflow()
     from keras_transformer import presets
     from keras_transformer.models import TransformerSeq2SeqLM
     from keras_transformer.utils.memory import reuse_freed_memory
@@ -146,7 +159,6 @@ def _load_translator(preset, args):
     from keras_transformer.utils.compile_cache import use_compile_cache
 
     use_compile_cache()
-    names = [preset, *args.ensemble]
     languages = {name: presets.preset_metadata(name).get("languages") for name in names} if args.ensemble else {}
     if len({tuple(sorted(pair.items())) for pair in languages.values() if pair}) > 1:
         raise SystemExit(f"error: the models of an ensemble must translate the same languages; got {languages}")
@@ -372,7 +384,9 @@ def main(argv=None):
 def run():
     """The `keras-transformer` console script: `main` with the C++
     libraries' log lines kept quiet (except for `train`, whose native errors
-    matter in long runs)."""
+    matter in long runs), in a process of its own."""
+    global _OWN_PROCESS
+    _OWN_PROCESS = True
     if sys.argv[1:2] != ["train"]:
         _quiet_native_logs()
     else:

@@ -1,0 +1,95 @@
+"""Translating on JAX and PyTorch without TensorFlow
+(`keras_transformer.utils.tensorflow_free`)."""
+
+import json
+import os
+import subprocess
+import sys
+
+import keras
+import pytest
+
+from keras_transformer.datasets import multi30k
+from keras_transformer.utils import tensorflow_free
+
+PRESET = "transformer_multi30k_en_de"
+# Accents, typographic quotes, a dash, runs of spaces, a word no vocabulary holds.
+SENTENCES = [
+    "A man rides a bicycle down the street.",
+    "Café „naïve“ résumé — ÄÖÜ ß!",
+    "  Two   dogs  play in the snow  ",
+    "Xylophonists zigzag quizzically.",
+]
+# Runs the `translate` command and reports, on stderr's last line, which of TensorFlow's modules it imported.
+TRANSLATE = (
+    "import sys\n"
+    "from keras_transformer import cli\n"
+    "sys.argv = ['keras-transformer', 'translate', '--preset', sys.argv[1], '-i', sys.argv[2]]\n"
+    "try:\n"
+    "    cli.run()\n"
+    "finally:\n"
+    "    print(sorted(m for m in ('tensorflow', 'tensorflow_text') if sys.modules.get(m)), file=sys.stderr)\n"
+)
+
+
+def test_the_sentencepiece_package_gives_tensorflow_texts_ids(multi30k_dir):
+    """The claim the skipping rests on: keras-hub's tokenizer without
+    tensorflow-text (the `sentencepiece` package) tokenizes as with it."""
+    import sentencepiece
+
+    from keras_transformer.models import TransformerTokenizer
+
+    tokenizer = TransformerTokenizer.from_preset(PRESET)
+    package = sentencepiece.SentencePieceProcessor(model_proto=tokenizer.proto)
+    english, german = multi30k.load("val", "en", "de", multi30k_dir)
+    texts = [*SENTENCES, *english[:300], *german[:300]]
+    ids = tokenizer(texts)
+    ids = ids.to_list() if hasattr(ids, "to_list") else [list(row) for row in ids]
+    assert ids == package.Encode(texts)
+    assert [tokenizer.detokenize(row) for row in ids[:50]] == package.Decode(ids[:50])
+
+
+@pytest.mark.skipif(keras.config.backend() == "tensorflow", reason="the TensorFlow backend needs TensorFlow")
+def test_translate_leaves_tensorflow_out_and_translates_alike(tmp_path):
+    from keras_transformer.models import TransformerSeq2SeqLM
+
+    lines = tmp_path / "lines.txt"
+    lines.write_text("\n".join(SENTENCES) + "\n", encoding="utf-8")
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}
+    result = subprocess.run([sys.executable, "-c", TRANSLATE, PRESET, str(lines)],
+                            capture_output=True, text=True, env=env)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stderr.strip().splitlines()[-1] == "[]"
+    # This process imported TensorFlow (the tests' data pipelines do): its
+    # tokenizer is tensorflow-text's.
+    model = TransformerSeq2SeqLM.from_preset(PRESET)
+    expected = model.generate(SENTENCES, beam_size=4, alpha=0.6)
+    assert result.stdout.splitlines() == expected
+
+
+def test_only_sentencepiece_presets_go_without_tensorflow(tmp_path):
+    assert tensorflow_free.sentencepiece_presets([PRESET, "transformer_multi30k_de_en"])
+    wordpiece = tmp_path / "wordpiece"
+    wordpiece.mkdir()
+    (wordpiece / "tokenizer.json").write_text(json.dumps({"class_name": "TransformerWordPieceTokenizer"}))
+    assert not tensorflow_free.sentencepiece_presets([PRESET, str(wordpiece)])
+    assert not tensorflow_free.sentencepiece_presets(["hf://Helsinki-NLP/opus-mt-en-de"])
+    assert not tensorflow_free.sentencepiece_presets([str(tmp_path / "missing")])
+
+
+def test_main_in_a_callers_process_leaves_its_imports_alone(monkeypatch, tmp_path):
+    """`cli.main` called from Python (a test, a notebook) must not take
+    TensorFlow away from the rest of the process."""
+    from keras_transformer import cli
+
+    monkeypatch.setattr(tensorflow_free, "skip_tensorflow", lambda: pytest.fail("skip_tensorflow was called"))
+    cli.main(["translate", "--preset", PRESET, "--beam-size", "1", SENTENCES[0]])
+
+
+def test_nothing_is_skipped_once_tensorflow_or_keras_hub_is_imported(monkeypatch):
+    import keras_hub  # noqa: F401 (imported, as in this test process)
+
+    for name in tensorflow_free.MODULES:
+        monkeypatch.delitem(sys.modules, name, raising=False)
+    assert tensorflow_free.skip_tensorflow() is False
+    assert all(sys.modules.get(name, 0) is not None for name in tensorflow_free.MODULES)
