@@ -9,7 +9,10 @@ first `--lines` test_2016_flickr sources (`translate -i FILE -o OUT`),
 beam 4, with the shipped en-de preset, on each Keras backend. On JAX,
 whose compiled steps the command keeps on disk
 (`keras_transformer.utils.compile_cache`), three runs: with the cache off,
-the run that fills an empty cache, and a run that reads it back.
+the run that fills an empty cache, and a run that reads it back. On JAX
+and PyTorch, which translate without importing TensorFlow
+(`keras_transformer.utils.tensorflow_free`), also a run that imports it,
+as the command did before.
 
 The peer is a CTranslate2 process that does the same from the same weights
 (written out with `export_marian` and converted beforehand, as the cache
@@ -61,10 +64,12 @@ def timed(command, env=None, stdin=None):
     return time.perf_counter() - start
 
 
-def ours(backend, lines_file, output, cache):
+def ours(backend, lines_file, output, cache, tensorflow=False):
     """Seconds for one sentence and for the file, with `cache` as
-    KERAS_TRANSFORMER_COMPILE_CACHE."""
-    env = {"KERAS_BACKEND": backend, "KERAS_TRANSFORMER_COMPILE_CACHE": cache, "TF_CPP_MIN_LOG_LEVEL": "3"}
+    KERAS_TRANSFORMER_COMPILE_CACHE; `tensorflow`: imported as before
+    (`KERAS_TRANSFORMER_WITHOUT_TENSORFLOW=0`)."""
+    env = {"KERAS_BACKEND": backend, "KERAS_TRANSFORMER_COMPILE_CACHE": cache, "TF_CPP_MIN_LOG_LEVEL": "3",
+           "KERAS_TRANSFORMER_WITHOUT_TENSORFLOW": "0" if tensorflow else "1"}
     command = [sys.executable, "-m", "keras_transformer.cli", "translate", "--preset", PRESET]
     return (timed(command + [SENTENCE], env), timed(command + ["-i", lines_file, "-o", output], env))
 
@@ -101,23 +106,28 @@ def main():
         if not args.no_ctranslate2:
             print("timing CTranslate2 ...", file=sys.stderr, flush=True)
             version, times = ctranslate2_process(root, lines_file, output)
-            rows.append((f"CTranslate2 {version}", "-", *times))
+            rows.append((f"CTranslate2 {version}", "-", "-", *times))
         for backend in args.backends.split(","):
             print(f"timing {backend} ...", file=sys.stderr, flush=True)
-            rows.append((f"keras_transformer ({backend})", "off", *ours(backend, lines_file, output, "off")))
+            name = f"keras_transformer ({backend})"
+            if backend != "tensorflow":
+                # As before TensorFlow was left out, beside the rows without it.
+                rows.append((name, "off", "yes", *ours(backend, lines_file, output, "off", tensorflow=True)))
+            imported = "yes" if backend == "tensorflow" else "no"
+            rows.append((name, "off", imported, *ours(backend, lines_file, output, "off")))
             if backend == "jax":
                 cache = os.path.join(root, "jax-cache")
-                rows.append((f"keras_transformer ({backend})", "empty", *ours(backend, lines_file, output, cache)))
-                rows.append((f"keras_transformer ({backend})", "filled", *ours(backend, lines_file, output, cache)))
+                rows.append((name, "empty", imported, *ours(backend, lines_file, output, cache)))
+                rows.append((name, "filled", imported, *ours(backend, lines_file, output, cache)))
     peer = rows[0] if not args.no_ctranslate2 else None
     print(f"processor: {processor()}; preset {PRESET}; beam 4; file: {args.lines} test_2016_flickr lines")
     print()
-    print("| command | compile cache | one sentence (s) | file (s) | one sentence, x CTranslate2's time "
-          "| file, x CTranslate2's time |")
-    print("| --- | --- | ---: | ---: | ---: | ---: |")
-    for name, cache, one, file in rows:
-        ratios = f"{one / peer[2]:.2f}x | {file / peer[3]:.2f}x" if peer else "- | -"
-        print(f"| {name} | {cache} | {one:.1f} | {file:.1f} | {ratios} |")
+    print("| command | compile cache | TensorFlow imported | one sentence (s) | file (s) "
+          "| one sentence, x CTranslate2's time | file, x CTranslate2's time |")
+    print("| --- | --- | --- | ---: | ---: | ---: | ---: |")
+    for name, cache, tensorflow, one, file in rows:
+        ratios = f"{one / peer[3]:.2f}x | {file / peer[4]:.2f}x" if peer else "- | -"
+        print(f"| {name} | {cache} | {tensorflow} | {one:.1f} | {file:.1f} | {ratios} |")
 
 
 if __name__ == "__main__":

@@ -86,6 +86,16 @@ def test_main_in_a_callers_process_leaves_its_imports_alone(monkeypatch, tmp_pat
     cli.main(["translate", "--preset", PRESET, "--beam-size", "1", SENTENCES[0]])
 
 
+def test_the_environment_variable_keeps_tensorflow(monkeypatch):
+    monkeypatch.setitem(sys.modules, "keras_hub", None)  # as if not imported yet
+    for name in tensorflow_free.MODULES:
+        monkeypatch.delitem(sys.modules, name, raising=False)
+    for value in ("0", "off", "OFF"):
+        monkeypatch.setenv(tensorflow_free.ENVIRONMENT_VARIABLE, value)
+        assert tensorflow_free.skip_tensorflow() is False
+        assert all(name not in sys.modules for name in tensorflow_free.MODULES)
+
+
 def test_nothing_is_skipped_once_tensorflow_or_keras_hub_is_imported(monkeypatch):
     import keras_hub  # noqa: F401 (imported, as in this test process)
 

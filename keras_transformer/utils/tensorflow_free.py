@@ -9,7 +9,8 @@ importable, with the same pieces and ids (both wrap the same SentencePiece
 library). `keras-transformer translate` and `evaluate` therefore keep
 TensorFlow out of the process for presets whose tokenizer is a
 `TransformerTokenizer` (SentencePiece). Presets with other tokenizers
-(WordPiece, Marian's) and the TensorFlow backend import it as before.
+(WordPiece, Marian's) and the TensorFlow backend import it as before, as
+does `KERAS_TRANSFORMER_WITHOUT_TENSORFLOW=0`.
 
 Python has its own switch for this: a module whose `sys.modules` entry is
 `None` fails to import with `ModuleNotFoundError`, as if not installed, and
@@ -17,19 +18,23 @@ Python has its own switch for this: a module whose `sys.modules` entry is
 PyTorch check for.
 """
 
+import os
 import sys
 
 # The modules kept out: TensorFlow and the tensorflow-text ops.
 MODULES = ("tensorflow", "tensorflow_text")
+# Set to "0" (or "off") to import TensorFlow as before.
+ENVIRONMENT_VARIABLE = "KERAS_TRANSFORMER_WITHOUT_TENSORFLOW"
 
 
 def skip_tensorflow():
     """Makes TensorFlow and tensorflow-text unimportable in this process,
     as if they were not installed, before keras-hub imports them.
 
-    Does nothing on the TensorFlow backend, or where TensorFlow or
-    keras-hub is already imported (keras-hub would already hold
-    TensorFlow's tokenizers).
+    Does nothing on the TensorFlow backend, where TensorFlow or keras-hub
+    is already imported (keras-hub would already hold TensorFlow's
+    tokenizers), or where `KERAS_TRANSFORMER_WITHOUT_TENSORFLOW` is "0" or
+    "off".
 
     Returns:
         Whether TensorFlow is now kept out.
@@ -44,6 +49,8 @@ def skip_tensorflow():
     """
     import keras
 
+    if os.environ.get(ENVIRONMENT_VARIABLE, "").strip().lower() in ("0", "off"):
+        return False
     if keras.config.backend() == "tensorflow":
         return False
     if any(sys.modules.get(name) is not None for name in (*MODULES, "keras_hub")):
