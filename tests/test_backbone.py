@@ -229,6 +229,10 @@ def test_weights_load_under_every_other_backend(tmp_path):
 
 def test_fit_learns_to_reverse_sequences():
     """A small copy/reverse task: the loss must fall to near zero."""
+    # Seeded: unseeded, the weights depend on what ran before in the
+    # process, and one TensorFlow run ended at 97.3% accuracy; seeded,
+    # TensorFlow reached 98.8% after 25 epochs and 100% after 35.
+    keras.utils.set_random_seed(0)
     vocabulary, length, bos = 12, 6, 1
     rng = np.random.default_rng(0)
     source = rng.integers(2, vocabulary, (1024, length)).astype("int32")
@@ -247,7 +251,7 @@ def test_fit_learns_to_reverse_sequences():
     from keras_transformer.losses import LabelSmoothedCrossEntropy
 
     model.compile(optimizer=keras.optimizers.Adam(2e-3), loss=LabelSmoothedCrossEntropy(0.0))
-    history = model.fit(inputs, target, batch_size=64, epochs=25, verbose=0)
+    history = model.fit(inputs, target, batch_size=64, epochs=35, verbose=0)
     losses = history.history["loss"]
     assert losses[-1] < 0.05, losses
     predictions = np.argmax(to_numpy(model.predict(inputs, batch_size=256, verbose=0)), -1)
