@@ -86,20 +86,44 @@ def test_main_in_a_callers_process_leaves_its_imports_alone(monkeypatch, tmp_pat
     cli.main(["translate", "--preset", PRESET, "--beam-size", "1", SENTENCES[0]])
 
 
-def test_the_environment_variable_keeps_tensorflow(monkeypatch):
-    monkeypatch.setitem(sys.modules, "keras_hub", None)  # as if not imported yet
+def _as_if_nothing_was_imported(monkeypatch):
+    monkeypatch.setitem(sys.modules, "keras_hub", None)
     for name in tensorflow_free.MODULES:
         monkeypatch.delitem(sys.modules, name, raising=False)
+    # Whatever a failing test installs goes with it.
+    monkeypatch.setattr(sys, "meta_path", list(sys.meta_path))
+
+
+@pytest.mark.skipif(keras.config.backend() == "tensorflow", reason="the TensorFlow backend needs TensorFlow")
+def test_left_out_modules_fail_to_import_and_leave_no_trace(monkeypatch):
+    import importlib.util
+
+    _as_if_nothing_was_imported(monkeypatch)
+    assert tensorflow_free.skip_tensorflow() is True and tensorflow_free.left_out()
+    for name in ("tensorflow", "tensorflow_text", "tensorflow.io.gfile"):
+        with pytest.raises(ModuleNotFoundError, match="KERAS_TRANSFORMER_WITHOUT_TENSORFLOW=0"):
+            importlib.import_module(name)
+    # No sys.modules entry (Keras reads one as TensorFlow imported), and a
+    # spec without an origin (PyTorch's compiler asks for one).
+    assert "tensorflow" not in sys.modules
+    assert importlib.util.find_spec("tensorflow").origin is None
+    assert tensorflow_free.skip_tensorflow() is True
+    assert sum(isinstance(f, tensorflow_free._LeaveOut) for f in sys.meta_path) == 1
+
+
+def test_the_environment_variable_keeps_tensorflow(monkeypatch):
+    _as_if_nothing_was_imported(monkeypatch)
     for value in ("0", "off", "OFF"):
         monkeypatch.setenv(tensorflow_free.ENVIRONMENT_VARIABLE, value)
         assert tensorflow_free.skip_tensorflow() is False
-        assert all(name not in sys.modules for name in tensorflow_free.MODULES)
+        assert not tensorflow_free.left_out()
 
 
 def test_nothing_is_skipped_once_tensorflow_or_keras_hub_is_imported(monkeypatch):
     import keras_hub  # noqa: F401 (imported, as in this test process)
 
+    monkeypatch.setattr(sys, "meta_path", list(sys.meta_path))
     for name in tensorflow_free.MODULES:
         monkeypatch.delitem(sys.modules, name, raising=False)
     assert tensorflow_free.skip_tensorflow() is False
-    assert all(sys.modules.get(name, 0) is not None for name in tensorflow_free.MODULES)
+    assert not tensorflow_free.left_out()

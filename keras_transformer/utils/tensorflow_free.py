@@ -12,12 +12,16 @@ TensorFlow out of the process for presets whose tokenizer is a
 (WordPiece, Marian's) and the TensorFlow backend import it as before, as
 does `KERAS_TRANSFORMER_WITHOUT_TENSORFLOW=0`.
 
-Python has its own switch for this: a module whose `sys.modules` entry is
-`None` fails to import with `ModuleNotFoundError`, as if not installed, and
-`importlib.util.find_spec` finds nothing, which is what keras-hub, Keras and
-PyTorch check for.
+The modules are left out by a finder at the head of `sys.meta_path` whose
+loader refuses them: `import tensorflow` raises `ModuleNotFoundError`, as
+if it were not installed, which keras-hub and Keras catch. Nothing is put
+in `sys.modules` (Keras takes a `tensorflow` entry there as TensorFlow
+imported), and `importlib.util.find_spec` still answers, without an origin,
+as PyTorch's compiler expects when it lists libraries to skip.
 """
 
+import importlib.abc
+import importlib.machinery
 import os
 import sys
 
@@ -39,13 +43,17 @@ def skip_tensorflow():
     Returns:
         Whether TensorFlow is now kept out.
 
-    Example:
+    Example, at the start of a script that translates on PyTorch (not
+    run here: it would take TensorFlow from the rest of this process):
 
-    >>> import keras
-    >>> import sys
-    >>> skipped = skip_tensorflow()
-    >>> skipped == (sys.modules.get("tensorflow", 0) is None)
-    True
+    ```python
+    import os
+    os.environ["KERAS_BACKEND"] = "torch"
+    from keras_transformer.utils.tensorflow_free import skip_tensorflow
+    skip_tensorflow()  # True: keras-hub will tokenize without TensorFlow
+    from keras_transformer.models import TransformerSeq2SeqLM
+    TransformerSeq2SeqLM.from_preset("transformer_multi30k_en_de").generate(["A dog runs."])
+    ```
     """
     import keras
 
@@ -55,15 +63,48 @@ def skip_tensorflow():
         return False
     if any(sys.modules.get(name) is not None for name in (*MODULES, "keras_hub")):
         return False
-    for name in MODULES:
-        sys.modules[name] = None
+    if not left_out():
+        sys.meta_path.insert(0, _LeaveOut(MODULES))
     return True
+
+
+def left_out():
+    """Whether TensorFlow is kept out of this process (`skip_tensorflow`)."""
+    return any(isinstance(finder, _LeaveOut) for finder in sys.meta_path)
+
+
+class _LeaveOut(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    """Finds the modules named (and their submodules) and refuses to load them."""
+
+    def __init__(self, names):
+        self.names = frozenset(names)
+
+    def find_spec(self, fullname, path=None, target=None):
+        if fullname.partition(".")[0] not in self.names:
+            return None
+        return importlib.machinery.ModuleSpec(fullname, self, origin=None)
+
+    def create_module(self, spec):
+        raise ModuleNotFoundError(
+            f"No module named {spec.name!r}: keras_transformer translates without TensorFlow in this process "
+            f"({ENVIRONMENT_VARIABLE}=0 imports it).",
+            name=spec.name,
+        )
+
+    def exec_module(self, module):  # never reached: create_module refuses
+        raise ModuleNotFoundError(module.__name__)
 
 
 def sentencepiece_presets(presets):
     """Whether every preset (a shipped name or a directory) has a
     `TransformerTokenizer`, which translates without tensorflow-text; hub
-    handles and unreadable presets count as not."""
+    handles and unreadable presets count as not.
+
+    Example:
+
+    >>> sentencepiece_presets(["transformer_multi30k_en_de", "transformer_multi30k_de_en"])
+    True
+    """
     from keras_transformer.presets import TOKENIZER_FILE
     from keras_transformer.presets import read_preset_file
 
