@@ -362,6 +362,8 @@ def pipeline(args):
         common += ["--score-limit", str(args.score_limit)]
 
     def run_phase(name, runs, seconds):
+        if not runs:
+            return
         began = time.time()
         print(f"{name}: {len(runs)} runs side by side, {seconds:.0f} s", flush=True)
         processes = []
@@ -392,10 +394,10 @@ def pipeline(args):
     runs = [(f"teacher-{pair}-s{seed}", ["train", "--pair", pair, "--seed", str(seed),
              "--seconds", str(args.teacher_seconds - start_up), "--scoring-seconds", str(args.scoring_seconds),
              "--output", path]) for pair in pairs for seed, path in zip(args.teacher_seeds, teachers[pair])]
-    if runs:
+    if runs:  # the current models scored beside the teachers, to compare them with
         runs += [(f"initial-{pair}", ["distill", "--pair", pair, "--weights", initial[pair], "--limit", "0",
                   "--output", os.path.join(work, f"initial-{pair}.npz")]) for pair in pairs]
-        run_phase("teachers", runs, args.teacher_seconds)
+    run_phase("teachers", runs, args.teacher_seconds)
 
     # Teachers that trained too briefly to come near the current model on
     # val would drag the ensemble down: they are left out.
@@ -403,14 +405,14 @@ def pipeline(args):
         floor = _val_bleu(os.path.join(work, f"initial-{pair}.json")) - args.teacher_margin
         teachers[pair] = [t for t in teachers[pair] if _val_bleu(t.replace(".npz", ".json")) >= floor]
         print(f"{pair}: teachers {[os.path.basename(t) for t in teachers[pair]]} (val BLEU >= {floor:.2f})")
+    variants = {"distilled-and-references": [], "distilled-only": ["--distilled-only"], "references-only": None}
+    variants = {name: options for name, options in variants.items() if name in args.students}
     distilled = {pair: os.path.join(work, f"distilled-{pair}.npz") for pair in pairs}
     runs = [(f"distilled-{pair}", ["distill", "--pair", pair, "--seconds", str(args.distill_seconds - start_up),
              "--weights", initial[pair], *teachers[pair],
              "--batch-size", str(args.batch_size), "--output", distilled[pair]]) for pair in pairs]
-    run_phase("distillation", runs, args.distill_seconds)
-
-    variants = {"distilled-and-references": [], "distilled-only": ["--distilled-only"], "references-only": None}
-    variants = {name: options for name, options in variants.items() if name in args.students}
+    # Only students that read translations need them.
+    run_phase("distillation", runs if any(v is not None for v in variants.values()) else [], args.distill_seconds)
     runs, students = [], []
     for pair in pairs:
         for variant, options in variants.items():
@@ -426,15 +428,16 @@ def pipeline(args):
 
     # Each student's weights averaged with those it started from (section
     # 6.1's checkpoint averaging, across stages), scored as a candidate too.
-    runs = []
+    runs, initial_weights = [], {}
     for pair, variant in students:
         path = os.path.join(work, f"student-{pair}-{variant}.npz")
         if os.path.exists(path):
+            if pair not in initial_weights:
+                initial_weights[pair] = _load_weights(initial[pair])
             average = os.path.join(work, f"average-{pair}-{variant}.npz")
-            _write_average([_load_weights(initial[pair]), _load_weights(path)], average)
+            _write_average([initial_weights[pair], _load_weights(path)], average)
             runs.append((f"average-{pair}-{variant}", ["score", "--pair", pair, "--weights", average]))
-    if runs:
-        run_phase("averages", runs, args.average_seconds)
+    run_phase("averages", runs, args.average_seconds)
 
     summary = {}
     for name in sorted(os.listdir(work)):
@@ -449,17 +452,17 @@ def pipeline(args):
                 with open(os.path.join(work, name)) as f:
                     out.write(f"==> {name}\n" + f.read() + "\n")
     for pair in pairs:
-        students = {
+        candidates = {
             k: v for k, v in summary.items() if k.startswith((f"student-{pair}-", f"average-{pair}-")) and "val" in v
         }
-        if not students:
+        if not candidates:
             print(f"{pair}: no student finished")
             continue
-        best = max(students, key=lambda k: students[k]["val"])
+        best = max(candidates, key=lambda k: candidates[k]["val"])
         for extension in (".npz", ".json"):
             written = os.path.join(args.output_dir, f"student-{pair}{extension}")
             shutil.copy(os.path.join(work, best + extension), written)
-        print(f"{pair}: best student {best}: {students[best]}", flush=True)
+        print(f"{pair}: best student {best}: {candidates[best]}", flush=True)
 
 
 def _write_average(models, path):
