@@ -209,6 +209,14 @@ def _model(data, dropout=0.0, weights=None):
     return model
 
 
+def _ensemble(data, paths):
+    """The model at `paths[0]`, or the ensemble of all of them."""
+    from keras_transformer.decoding.ensemble import Ensemble
+
+    models = [_model(data, weights=path) for path in paths]
+    return models[0] if len(models) == 1 else Ensemble(models)
+
+
 def _load_weights(path):
     """The backbone's weights from an .npz that `train` wrote, or from a
     preset (a name or a directory; its tokenizer is not loaded, so no
@@ -263,12 +271,9 @@ def distill(args):
     """Translates the training sources with an ensemble of `--weights`
     (beam 4, alpha 0.6) and writes them as decoder token ids, for `train
     --distilled`; scores the ensemble first."""
-    from keras_transformer.decoding.ensemble import Ensemble
-
     started = time.time()
     data = TokenIds(args.token_ids)
-    models = [_model(data, weights=path) for path in args.weights]
-    model = models[0] if len(models) == 1 else Ensemble(models)
+    model = _ensemble(data, args.weights)
     result = {"pair": args.pair, "teachers": [os.path.basename(path) for path in args.weights]}
     result.update(_scores(model, data, args.pair, args.score_limit, splits=("val", "test_2016_flickr")))
     sources = data.ids("train", "encoder", args.pair.split("-")[0])[: args.limit]
@@ -279,7 +284,7 @@ def distill(args):
     left = args.seconds - (time.time() - started) if args.seconds else None
     translations = _translate(model, sources, batch_size=args.batch_size, order=order, seconds=left)
     rows = [i for i, ids in enumerate(translations) if ids is not None]
-    special = models[0].special_token_ids
+    special = model.special_token_ids
     decoder_ids = [special.frame_target(translations[r]) for r in rows]
     np.savez(args.output, rows=np.array(rows, "int32"), decoder=_flat(decoder_ids))
     result.update(distilled_pairs=len(rows), seconds=round(time.time() - started, 1))
@@ -475,12 +480,9 @@ def _write_average(models, path):
 def score(args):
     """Lowercased sacreBLEU of a model or an ensemble on val,
     test_2016_flickr and test_2017_flickr, written beside the first."""
-    from keras_transformer.decoding.ensemble import Ensemble
-
     data = TokenIds(args.token_ids)
-    models = [_model(data, weights=path) for path in args.weights]
     result = {"pair": args.pair, "models": [os.path.basename(path) for path in args.weights]}
-    result.update(_scores(models[0] if len(models) == 1 else Ensemble(models), data, args.pair, args.score_limit))
+    result.update(_scores(_ensemble(data, args.weights), data, args.pair, args.score_limit))
     with open(os.path.splitext(args.weights[0])[0] + ".json", "w") as f:
         json.dump(result, f, indent=1)
 
