@@ -251,9 +251,9 @@ def _translate(model, sources, detokenizer=None, batch_size=200, order=None, sec
 
 
 def _scores(model, data, pair, limit=None, splits=("val", "test_2016_flickr", "test_2017_flickr")):
-    """Lowercased sacreBLEU of `model` on `splits`, beam 4, alpha 0.6: on
-    token ids with beam_search, since `evaluate_translation` takes text and
-    its tokenizer needs TensorFlow."""
+    """Lowercased sacreBLEU of `model` on `splits`, beam 4, alpha 0.6, on
+    the token ids `prepare` wrote (with beam_search: `evaluate_translation`
+    takes text and a model with its tokenizer, which this one lacks)."""
     from keras_transformer.metrics import corpus_scores
 
     source, target = pair.split("-")
