@@ -142,10 +142,13 @@ def _load_translator(preset, args):
 
     names = [preset, *args.ensemble]
     # On JAX and PyTorch, SentencePiece presets translate without
-    # TensorFlow, which takes seconds to import (utils/tensorflow_free.py);
-    # only in the command's own process, not in a caller's of `main`.
-    if _OWN_PROCESS and tensorflow_free.sentencepiece_presets(names):
-        tensorflow_free.skip_tensorflow()
+    # TensorFlow, which takes seconds to import, and on PyTorch without the
+    # JAX and matplotlib that Keras imports (utils/tensorflow_free.py); only
+    # in the command's own process, not in a caller's of `main`.
+    if _OWN_PROCESS:
+        tensorflow_free.skip_jax_and_matplotlib()
+        if tensorflow_free.sentencepiece_presets(names):
+            tensorflow_free.skip_tensorflow()
     from keras_transformer import presets
     from keras_transformer.models import TransformerSeq2SeqLM
     from keras_transformer.utils.memory import reuse_freed_memory

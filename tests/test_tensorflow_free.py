@@ -20,7 +20,8 @@ SENTENCES = [
     "  Two   dogs  play in the snow  ",
     "Xylophonists zigzag quizzically.",
 ]
-# Runs the `translate` command and reports, on stderr's last line, which of TensorFlow's modules it imported.
+# Runs the `translate` command and reports, on stderr's last line, which of
+# TensorFlow's, JAX's and matplotlib's modules it imported.
 TRANSLATE = (
     "import sys\n"
     "from keras_transformer import cli\n"
@@ -28,7 +29,8 @@ TRANSLATE = (
     "try:\n"
     "    cli.run()\n"
     "finally:\n"
-    "    print(sorted(m for m in ('tensorflow', 'tensorflow_text') if sys.modules.get(m)), file=sys.stderr)\n"
+    "    print(sorted(m for m in ('tensorflow', 'tensorflow_text', 'jax', 'matplotlib') if sys.modules.get(m)),\n"
+    "          file=sys.stderr)\n"
 )
 
 
@@ -59,7 +61,9 @@ def test_translate_leaves_tensorflow_out_and_translates_alike(tmp_path):
     result = subprocess.run([sys.executable, "-c", TRANSLATE, PRESET, str(lines)],
                             capture_output=True, text=True, env=env)
     assert result.returncode == 0, result.stderr[-3000:]
-    assert result.stderr.strip().splitlines()[-1] == "[]"
+    # On PyTorch, also without the JAX and matplotlib that Keras imports.
+    kept = "[]" if keras.config.backend() == "torch" else "['jax', 'matplotlib']"
+    assert result.stderr.strip().splitlines()[-1] == kept
     # This process imported TensorFlow (the tests' data pipelines do): its
     # tokenizer is tensorflow-text's.
     model = TransformerSeq2SeqLM.from_preset(PRESET)
@@ -127,3 +131,30 @@ def test_nothing_is_skipped_once_tensorflow_or_keras_hub_is_imported(monkeypatch
         monkeypatch.delitem(sys.modules, name, raising=False)
     assert tensorflow_free.skip_tensorflow() is False
     assert not tensorflow_free.left_out()
+
+
+def test_jax_and_matplotlib_are_left_out_only_before_keras_on_torch(monkeypatch):
+    import importlib
+
+    monkeypatch.setattr(sys, "meta_path", list(sys.meta_path))
+    monkeypatch.setenv("KERAS_BACKEND", "torch")
+    # Keras is imported in this process: too late.
+    assert tensorflow_free.skip_jax_and_matplotlib() is False
+    for name in ("keras", *tensorflow_free.UNUSED_ON_TORCH):
+        monkeypatch.delitem(sys.modules, name, raising=False)
+    for backend in ("jax", "tensorflow"):
+        monkeypatch.setenv("KERAS_BACKEND", backend)
+        assert tensorflow_free.skip_jax_and_matplotlib() is False
+    monkeypatch.delenv("KERAS_BACKEND")  # keras.json's backend is unknown before Keras
+    assert tensorflow_free.skip_jax_and_matplotlib() is False
+    monkeypatch.setenv("KERAS_BACKEND", "torch")
+    monkeypatch.setenv(tensorflow_free.ENVIRONMENT_VARIABLE, "0")
+    assert tensorflow_free.skip_jax_and_matplotlib() is False
+    monkeypatch.delenv(tensorflow_free.ENVIRONMENT_VARIABLE)
+    assert tensorflow_free.skip_jax_and_matplotlib() is True
+    assert tensorflow_free.skip_jax_and_matplotlib() is True
+    assert sum(isinstance(f, tensorflow_free._LeaveOut) for f in sys.meta_path) == 1
+    assert not tensorflow_free.left_out()  # TensorFlow is not among them
+    for name in ("jax", "matplotlib"):
+        with pytest.raises(ModuleNotFoundError, match="KERAS_TRANSFORMER_WITHOUT_TENSORFLOW=0"):
+            importlib.import_module(name)

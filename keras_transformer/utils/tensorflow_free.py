@@ -1,4 +1,5 @@
-"""Translating on JAX or PyTorch without importing TensorFlow.
+"""Translating on JAX or PyTorch without importing TensorFlow (and, on
+PyTorch, without JAX and matplotlib).
 
 keras-hub imports TensorFlow and tensorflow-text whenever they are
 installed, for its `tf.data` preprocessing: 4-5 s of a command's start on
@@ -18,6 +19,13 @@ if it were not installed, which keras-hub and Keras catch. Nothing is put
 in `sys.modules` (Keras takes a `tensorflow` entry there as TensorFlow
 imported), and `importlib.util.find_spec` still answers, without an origin,
 as PyTorch's compiler expects when it lists libraries to skip.
+
+Keras itself imports JAX (for its Orbax checkpoint callback) and
+matplotlib (for its image gallery) on every backend, if installed, and
+goes on without them if not. On PyTorch a translation uses neither: the
+command leaves both out too (`skip_jax_and_matplotlib`), when
+`KERAS_BACKEND=torch` says so before Keras is imported (a backend chosen in
+`keras.json` is only known once Keras is).
 """
 
 import importlib.abc
@@ -27,7 +35,9 @@ import sys
 
 # The modules kept out: TensorFlow and the tensorflow-text ops.
 MODULES = ("tensorflow", "tensorflow_text")
-# Set to "0" (or "off") to import TensorFlow as before.
+# What Keras imports on the PyTorch backend without using it there.
+UNUSED_ON_TORCH = ("jax", "jaxlib", "matplotlib")
+# Set to "0" (or "off") to import TensorFlow (and JAX, matplotlib) as before.
 ENVIRONMENT_VARIABLE = "KERAS_TRANSFORMER_WITHOUT_TENSORFLOW"
 
 
@@ -68,9 +78,39 @@ def skip_tensorflow():
     return True
 
 
+def skip_jax_and_matplotlib():
+    """On the PyTorch backend, makes JAX and matplotlib unimportable in
+    this process before Keras imports them, as `skip_tensorflow` does
+    TensorFlow.
+
+    Does nothing unless the `KERAS_BACKEND` environment variable is
+    "torch" and Keras is not imported yet, or where
+    `KERAS_TRANSFORMER_WITHOUT_TENSORFLOW` is "0" or "off".
+
+    Returns:
+        Whether JAX and matplotlib are now kept out.
+    """
+    if os.environ.get(ENVIRONMENT_VARIABLE, "").strip().lower() in ("0", "off"):
+        return False
+    if os.environ.get("KERAS_BACKEND") != "torch" or "keras" in sys.modules:
+        return False
+    if any(sys.modules.get(name) is not None for name in UNUSED_ON_TORCH):
+        return False
+    if _finder(UNUSED_ON_TORCH) is None:
+        sys.meta_path.insert(0, _LeaveOut(UNUSED_ON_TORCH))
+    return True
+
+
 def left_out():
     """Whether TensorFlow is kept out of this process (`skip_tensorflow`)."""
-    return any(isinstance(finder, _LeaveOut) for finder in sys.meta_path)
+    return _finder(MODULES) is not None
+
+
+def _finder(names):
+    """The `_LeaveOut` finder in `sys.meta_path` that refuses `names`, or None."""
+    return next(
+        (f for f in sys.meta_path if isinstance(f, _LeaveOut) and f.names == frozenset(names)), None
+    )
 
 
 class _LeaveOut(importlib.abc.MetaPathFinder, importlib.abc.Loader):
@@ -86,7 +126,7 @@ class _LeaveOut(importlib.abc.MetaPathFinder, importlib.abc.Loader):
 
     def create_module(self, spec):
         raise ModuleNotFoundError(
-            f"No module named {spec.name!r}: keras_transformer translates without TensorFlow in this process "
+            f"No module named {spec.name!r}: keras_transformer translates without it in this process "
             f"({ENVIRONMENT_VARIABLE}=0 imports it).",
             name=spec.name,
         )
