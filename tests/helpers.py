@@ -1,6 +1,7 @@
 """Shared test helpers."""
 
 import keras
+import pytest
 
 
 def to_numpy(x):
@@ -19,3 +20,12 @@ def assert_config_round_trip(obj):
     assert type(restored) is type(obj), f"Keras deserialized a {type(restored).__name__}"
     assert restored.get_config() == config
     return config
+
+
+# A test whose subject does not depend on the backend (shapes and counts of
+# weights, files written with NumPy, a subprocess that picks its own
+# backend) runs once, in PyTorch's run, the quickest of the three: the
+# suite runs on every backend, and each backend's run costs minutes.
+once = pytest.mark.skipif(
+    keras.config.backend() != "torch", reason="the same on every backend: runs in PyTorch's run"
+)

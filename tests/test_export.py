@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 
+import keras
 import numpy as np
 import pytest
 
@@ -72,6 +73,14 @@ def exported(tmp_path_factory):
     return path
 
 
+# From JAX and PyTorch the export runs in a TensorFlow subprocess, the same
+# one from either: the full exports run in TensorFlow's and PyTorch's runs.
+not_in_jax_run = pytest.mark.skipif(
+    keras.config.backend() == "jax", reason="the export's TensorFlow process runs in PyTorch's run"
+)
+
+
+@not_in_jax_run
 def test_saved_model_translates_like_the_package(exported, texts):
     served = load_elsewhere(exported, texts)
     assert served["forbidden_modules"] == []
@@ -103,19 +112,28 @@ def test_blank_in_the_saved_model_is_blank_in_python():
     assert tf.strings.regex_full_match(["", " \u00a0\t", " a "], BLANK).numpy().tolist() == [True, True, False]
 
 
-def test_export_never_overwrites_or_leaves_half_an_export(exported, texts, tmp_path):
-    before = sorted(os.listdir(exported))
+def test_export_never_overwrites_or_leaves_half_an_export(tmp_path):
+    # An earlier export (its files stand for a SavedModel's).
+    earlier = tmp_path / "earlier"
+    (earlier / "variables").mkdir(parents=True)
+    (earlier / "saved_model.pb").write_bytes(b"earlier export")
     with pytest.raises(FileExistsError, match="overwrite"):
-        export_saved_model(PRESET, exported)
-    assert sorted(os.listdir(exported)) == before
+        export_saved_model(PRESET, earlier)
+    assert sorted(os.listdir(earlier)) == ["saved_model.pb", "variables"]
+    assert (earlier / "saved_model.pb").read_bytes() == b"earlier export"
 
-    # A failing export (a preset with a corrupt weights file) leaves nothing.
+    # A failing export (a preset with a corrupt weights file) leaves nothing,
+    # and leaves an earlier export as it was, even with overwrite.
     broken = tmp_path / "broken"
     TransformerSeq2SeqLM.from_preset(PRESET).save_to_preset(broken)
     (broken / "model.weights.h5").write_bytes(b"not hdf5")
     with pytest.raises(Exception, match="model.weights.h5"):
         export_saved_model(str(broken), tmp_path / "out")
-    assert sorted(os.listdir(tmp_path)) == ["broken"]
+    assert sorted(os.listdir(tmp_path)) == ["broken", "earlier"]
+    with pytest.raises(Exception, match="model.weights.h5"):
+        export_saved_model(str(broken), earlier, overwrite=True)
+    assert sorted(os.listdir(tmp_path)) == ["broken", "earlier"]
+    assert (earlier / "saved_model.pb").read_bytes() == b"earlier export"
     # Even with overwrite, a directory that holds no SavedModel (a mistyped
     # path) is never replaced.
     notes = tmp_path / "notes"
@@ -123,13 +141,17 @@ def test_export_never_overwrites_or_leaves_half_an_export(exported, texts, tmp_p
     (notes / "keep.txt").write_text("mine")
     with pytest.raises(FileExistsError, match="holds no SavedModel"):
         export_saved_model(PRESET, notes, overwrite=True)
-    assert os.listdir(notes) == ["keep.txt"] and sorted(os.listdir(tmp_path)) == ["broken", "notes"]
+    assert os.listdir(notes) == ["keep.txt"] and sorted(os.listdir(tmp_path)) == ["broken", "earlier", "notes"]
 
-    # Asked to, it replaces an export with a complete new one: here through
-    # `export --quantize int8 --beam-size 1 --overwrite`, the preset loaded
-    # and quantized (Keras's int8). Its variables take less than half the
-    # float32 export's bytes, and it translates as `generate` of the same
-    # int8 model.
+
+@pytest.mark.skipif(
+    keras.config.backend() != "tensorflow", reason="the export's TensorFlow process runs in TensorFlow's run"
+)
+def test_overwrite_replaces_an_export_with_a_complete_new_one(exported, texts):
+    # Here through `export --quantize int8 --beam-size 1 --overwrite`, the
+    # preset loaded and quantized (Keras's int8). Its variables take less
+    # than half the float32 export's bytes, and it translates as `generate`
+    # of the same int8 model.
     from keras_transformer import cli
 
     float32_bytes = _variables_size(exported)

@@ -12,6 +12,7 @@ import pytest
 transformers = pytest.importorskip("transformers")
 torch = pytest.importorskip("torch")
 
+from helpers import once  # noqa: E402
 from marian_fixture import tiny_marian_dir  # noqa: E402
 
 from keras_transformer.presets import PresetError  # noqa: E402
@@ -247,6 +248,7 @@ def test_hub_handle_loads_pytorch_weights_when_it_has_no_safetensors(marian_dir,
     assert loaded.generate(TEXTS[:3], sampler="greedy") == ours.generate(TEXTS[:3], sampler="greedy")
 
 
+@once
 def test_export_marian_of_the_shipped_preset_translates_as_this_package(multi30k_dir, tmp_path):
     """The written-out directory: transformers (greedy), CTranslate2's
     converter and this package's own import all translate as the preset."""
