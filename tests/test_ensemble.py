@@ -17,22 +17,25 @@ from test_beam_search import START
 from test_beam_search import tiny_model
 
 
-def mean_probability_log_prob(models, source, output):
-    """log P(output | source) under the models' mean next-token
-    probabilities, from full forward passes of each model (no cache)."""
+def mean_probability_log_probs(models, source, outputs):
+    """log P(output | source) of each output (all of one length) under the
+    models' mean next-token probabilities, from full forward passes of each
+    model (no cache), all outputs in one batch."""
+    count, length = len(outputs), len(outputs[0])
     inputs = {
-        "encoder_token_ids": np.array([source], "int32"),
-        "encoder_padding_mask": np.ones((1, len(source)), "int32"),
-        "decoder_token_ids": np.array([[START] + output[:-1]], "int32"),
-        "decoder_padding_mask": np.ones((1, len(output)), "int32"),
+        "encoder_token_ids": np.array([source] * count, "int32"),
+        "encoder_padding_mask": np.ones((count, len(source)), "int32"),
+        "decoder_token_ids": np.array([[START] + output[:-1] for output in outputs], "int32"),
+        "decoder_padding_mask": np.ones((count, length), "int32"),
     }
     probabilities = []
     for model in models:
-        logits = ops.convert_to_numpy(model(inputs))[0].astype("float64")
+        logits = ops.convert_to_numpy(model(inputs)).astype("float64")
         exp = np.exp(logits - logits.max(-1, keepdims=True))
         probabilities.append(exp / exp.sum(-1, keepdims=True))
     mean = np.mean(probabilities, axis=0)
-    return float(sum(np.log(mean[t, token]) for t, token in enumerate(output)))
+    return [float(sum(np.log(mean[row, t, token]) for t, token in enumerate(output)))
+            for row, output in enumerate(outputs)]
 
 
 def two_layer_model(seed):
@@ -54,10 +57,11 @@ def test_wide_beam_over_an_ensemble_equals_exhaustive_search():
     source, max_tokens, alpha = [START, 4, 5, 4, END], 3, 0.6
     scored = []
     for length in range(1, max_tokens + 1):
-        for output in map(list, itertools.product(OUTPUTS, repeat=length)):
-            if END in output[:-1] or (output[-1] != END and length < max_tokens):
-                continue
-            log_prob = mean_probability_log_prob(models, source, output)
+        outputs = [
+            output for output in map(list, itertools.product(OUTPUTS, repeat=length))
+            if END not in output[:-1] and (output[-1] == END or length == max_tokens)
+        ]
+        for output, log_prob in zip(outputs, mean_probability_log_probs(models, source, outputs)):
             ids = output[:-1] if output[-1] == END else output
             scored.append((log_prob / length_penalty(length, alpha), log_prob, ids))
     expected = sorted(scored, key=lambda item: -item[0])[:5]
