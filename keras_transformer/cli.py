@@ -136,19 +136,21 @@ def _add_precision(p):
 _OWN_PROCESS = False
 
 
-def _load_translator(preset, args):
-    """The models of `preset` and --ensemble as --dtype and --quantize ask, and the decoding settings."""
+def _leave_out_tensorflow(names):
+    """On JAX and PyTorch, SentencePiece presets translate without
+    TensorFlow, which takes seconds to import (utils/tensorflow_free.py):
+    left out before anything imports keras-hub, only in the command's own
+    process, not in a caller's of `main`."""
     from keras_transformer.utils import tensorflow_free
 
+    if _OWN_PROCESS and tensorflow_free.sentencepiece_presets(names):
+        tensorflow_free.skip_tensorflow()
+
+
+def _load_translator(preset, args):
+    """The models of `preset` and --ensemble as --dtype and --quantize ask, and the decoding settings."""
     names = [preset, *args.ensemble]
-    # On JAX and PyTorch, SentencePiece presets translate without
-    # TensorFlow, which takes seconds to import, and on PyTorch without the
-    # JAX and matplotlib that Keras imports (utils/tensorflow_free.py); only
-    # in the command's own process, not in a caller's of `main`.
-    if _OWN_PROCESS:
-        tensorflow_free.skip_jax_and_matplotlib()
-        if tensorflow_free.sentencepiece_presets(names):
-            tensorflow_free.skip_tensorflow()
+    _leave_out_tensorflow(names)
     from keras_transformer import presets
     from keras_transformer.models import TransformerSeq2SeqLM
     from keras_transformer.utils.memory import reuse_freed_memory
@@ -250,8 +252,8 @@ def _languages(model_path, args):
 def _evaluate(args):
     from keras_transformer import presets
     from keras_transformer.datasets import multi30k
-    from keras_transformer.metrics import evaluate_translation
 
+    _leave_out_tensorflow([args.model, *args.ensemble])  # before the checks import keras-hub
     presets.check(args.model, ("config", "tokenizer"))  # before its languages are read
     _check_output_path(args.output)
     source, target = _languages(args.model, args)
@@ -259,6 +261,8 @@ def _evaluate(args):
     if args.limit:
         sources, references = sources[: args.limit], references[: args.limit]
     model, decoding = _load_translator(args.model, args)
+    from keras_transformer.metrics import evaluate_translation  # imports keras-hub
+
     scores = evaluate_translation(model, sources, references, batch_size=args.batch_size, **decoding)
     if args.output:
         with open(args.output, "w", encoding="utf-8") as f:
@@ -390,6 +394,12 @@ def run():
     matter in long runs), in a process of its own."""
     global _OWN_PROCESS
     _OWN_PROCESS = True
+    if sys.argv[1:2] in (["translate"], ["evaluate"]):
+        # On PyTorch, without the JAX and matplotlib that Keras imports
+        # (utils/tensorflow_free.py): decided before anything imports Keras.
+        from keras_transformer.utils import tensorflow_free
+
+        tensorflow_free.skip_jax_and_matplotlib()
     if sys.argv[1:2] != ["train"]:
         _quiet_native_logs()
     else:

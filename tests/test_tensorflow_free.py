@@ -20,12 +20,12 @@ SENTENCES = [
     "  Two   dogs  play in the snow  ",
     "Xylophonists zigzag quizzically.",
 ]
-# Runs the `translate` command and reports, on stderr's last line, which of
-# TensorFlow's, JAX's and matplotlib's modules it imported.
-TRANSLATE = (
+# Runs a command (`translate`, `evaluate`) and reports, on stderr's last line,
+# which of TensorFlow's, JAX's and matplotlib's modules it imported.
+COMMAND = (
     "import sys\n"
     "from keras_transformer import cli\n"
-    "sys.argv = ['keras-transformer', 'translate', '--preset', sys.argv[1], '-i', sys.argv[2]]\n"
+    "sys.argv = ['keras-transformer', *sys.argv[1:]]\n"
     "try:\n"
     "    cli.run()\n"
     "finally:\n"
@@ -57,18 +57,35 @@ def test_translate_leaves_tensorflow_out_and_translates_alike(tmp_path):
 
     lines = tmp_path / "lines.txt"
     lines.write_text("\n".join(SENTENCES) + "\n", encoding="utf-8")
-    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}
-    result = subprocess.run([sys.executable, "-c", TRANSLATE, PRESET, str(lines)],
-                            capture_output=True, text=True, env=env)
-    assert result.returncode == 0, result.stderr[-3000:]
-    # On PyTorch, also without the JAX and matplotlib that Keras imports.
-    kept = "[]" if keras.config.backend() == "torch" else "['jax', 'matplotlib']"
-    assert result.stderr.strip().splitlines()[-1] == kept
+    result = _run_command("translate", "--preset", PRESET, "-i", str(lines))
     # This process imported TensorFlow (the tests' data pipelines do): its
     # tokenizer is tensorflow-text's.
     model = TransformerSeq2SeqLM.from_preset(PRESET)
     expected = model.generate(SENTENCES, beam_size=4, alpha=0.6)
     assert result.stdout.splitlines() == expected
+
+
+@pytest.mark.skipif(keras.config.backend() == "tensorflow", reason="the TensorFlow backend needs TensorFlow")
+def test_evaluate_leaves_tensorflow_out_and_translates_alike(tmp_path, multi30k_dir):
+    from keras_transformer.models import TransformerSeq2SeqLM
+
+    output = tmp_path / "hypotheses.de"
+    _run_command("evaluate", PRESET, "--data-dir", multi30k_dir, "--limit", "4", "--output", str(output))
+    sources, _ = multi30k.load("test_2016_flickr", "en", "de", multi30k_dir)
+    expected = TransformerSeq2SeqLM.from_preset(PRESET).generate(sources[:4], beam_size=4, alpha=0.6)
+    assert output.read_text(encoding="utf-8").splitlines() == expected
+
+
+def _run_command(*argv):
+    """Runs `keras-transformer *argv` in a process of its own, and checks
+    that it imported no TensorFlow, and on PyTorch no JAX or matplotlib
+    (which Keras imports) either."""
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}
+    result = subprocess.run([sys.executable, "-c", COMMAND, *argv], capture_output=True, text=True, env=env)
+    assert result.returncode == 0, result.stderr[-3000:]
+    kept = "[]" if keras.config.backend() == "torch" else "['jax', 'matplotlib']"
+    assert result.stderr.strip().splitlines()[-1] == kept
+    return result
 
 
 def test_only_sentencepiece_presets_go_without_tensorflow(tmp_path):

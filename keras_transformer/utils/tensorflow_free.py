@@ -92,12 +92,13 @@ def skip_jax_and_matplotlib():
     """
     if os.environ.get(ENVIRONMENT_VARIABLE, "").strip().lower() in ("0", "off"):
         return False
+    if _finder(UNUSED_ON_TORCH) is not None:
+        return True
     if os.environ.get("KERAS_BACKEND") != "torch" or "keras" in sys.modules:
         return False
     if any(sys.modules.get(name) is not None for name in UNUSED_ON_TORCH):
         return False
-    if _finder(UNUSED_ON_TORCH) is None:
-        sys.meta_path.insert(0, _LeaveOut(UNUSED_ON_TORCH))
+    sys.meta_path.insert(0, _LeaveOut(UNUSED_ON_TORCH))
     return True
 
 
