@@ -78,7 +78,10 @@ def layer_calls(monkeypatch):
 
 # Direct calls serve PyTorch; their Keras side is the same on every backend
 # and runs in TensorFlow's run too, but on JAX each eager op compiles (75 s).
-@pytest.mark.skipif(keras.config.backend() == "jax", reason="runs in PyTorch's and TensorFlow's runs")
+not_on_jax = pytest.mark.skipif(keras.config.backend() == "jax", reason="runs in PyTorch's and TensorFlow's runs")
+
+
+@not_on_jax
 @pytest.mark.parametrize(
     "variant",
     ["float32", "pre_norm_and_value_dim", "learned_positions_and_bias", "bfloat16", "int8", "int4", "mixed_bfloat16"],
@@ -102,6 +105,7 @@ def test_direct_calls_give_the_logits_of_keras_calls(variant, layer_calls):
     assert layer_calls == []
 
 
+@not_on_jax
 def test_direct_calls_end_with_their_context_and_stay_in_their_thread(layer_calls):
     import threading
 
