@@ -139,8 +139,9 @@ _OWN_PROCESS = False
 def _leave_out_tensorflow(names):
     """On JAX and PyTorch, SentencePiece presets translate without
     TensorFlow, which takes seconds to import (utils/tensorflow_free.py):
-    left out before anything imports keras-hub, only in the command's own
-    process, not in a caller's of `main`."""
+    left out before anything imports keras-hub (`translate` and `evaluate`
+    call this first), only in the command's own process, not in a caller's
+    of `main`."""
     from keras_transformer.utils import tensorflow_free
 
     if _OWN_PROCESS and tensorflow_free.sentencepiece_presets(names):
@@ -150,7 +151,6 @@ def _leave_out_tensorflow(names):
 def _load_translator(preset, args):
     """The models of `preset` and --ensemble as --dtype and --quantize ask, and the decoding settings."""
     names = [preset, *args.ensemble]
-    _leave_out_tensorflow(names)
     from keras_transformer import presets
     from keras_transformer.models import TransformerSeq2SeqLM
     from keras_transformer.utils.memory import reuse_freed_memory
@@ -313,6 +313,7 @@ def _translate(args):
             print("Type sentences, one a line; end with Ctrl-D.", file=sys.stderr)
         texts = _decode_lines(sys.stdin.buffer.read(), "standard input")
     _check_output_path(args.output)
+    _leave_out_tensorflow([args.preset, *args.ensemble])
     model, decoding = _load_translator(args.preset, args)
     # The progress bar goes to stderr, so that stdout holds translations only.
     verbose = 1 if len(texts) > args.batch_size else 0
