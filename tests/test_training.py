@@ -19,6 +19,8 @@ from keras_transformer.models import CONFIGS
 from keras_transformer.models import TransformerSeq2SeqLM
 from keras_transformer.training import train_multi30k
 
+from helpers import once
+
 
 def test_bleu_is_sacrebleus_own(multi30k_dir):
     from keras_transformer.datasets import multi30k
@@ -117,10 +119,11 @@ class _Interrupt(keras.callbacks.Callback):
 
 
 # Every batch is padded to the one length (96), so that JAX compiles few
-# step shapes.
+# step shapes; 100 pairs, at most 5 a batch: a run costs little more than
+# its compiling.
 RUN = dict(
     config="tiny", vocabulary_size=400, max_tokens=512, pad_to_multiple_of=96, max_sequence_length=96,
-    epochs=2, warmup_steps=10, keep_checkpoints=2, bleu_sentences=8, limit=400, validation_limit=32, verbose=0,
+    epochs=2, warmup_steps=10, keep_checkpoints=2, bleu_sentences=8, limit=100, validation_limit=32, verbose=0,
 )
 
 
@@ -250,6 +253,10 @@ class _RecordWeights(keras.callbacks.Callback):
         self.weights = [keras.ops.convert_to_numpy(w) for w in self.model.backbone.weights]
 
 
+# The bookkeeping of runs (run.json, the first step, the preset a run started
+# from) is the same on every backend; the killed run above trains and
+# resumes on each.
+@once
 def test_run_from_a_preset_keeps_its_weights_vocabulary_and_schedule(tmp_path, multi30k_dir, capsys):
     preset, preset_steps = str(tmp_path / "preset"), 50
     reference = _tiny_preset(preset, multi30k_dir, preset_steps)
@@ -300,6 +307,7 @@ def test_run_from_a_preset_keeps_its_weights_vocabulary_and_schedule(tmp_path, m
     assert _read_json(os.path.join(run, "run.json"))["initial_preset"] == preset
 
 
+@once
 def test_a_run_keeps_its_first_step_when_trained_longer(tmp_path, multi30k_dir):
     run, settings = str(tmp_path / "run"), {**RUN, "epochs": 1, "limit": 64, "bleu_sentences": 0}
     model, _ = train_multi30k(run, data_dir=multi30k_dir, initial_step=100, **settings)
