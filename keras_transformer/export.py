@@ -246,22 +246,31 @@ def _subprocess_error(stderr):
 
 def _write(model, path, beam_size, alpha, max_length_offset):
     translator = Translator(model, beam_size, alpha, max_length_offset)
-    signatures = {
-        "serving_default": translator.translate.get_concrete_function(),
-        "translate_ids": translator.translate_ids.get_concrete_function(),
-    }
-    tf.saved_model.save(translator, path, signatures=signatures)
+    signatures = {"serving_default": translator.translate, "translate_ids": translator.translate_ids}
+    # The signatures translate; no gradients to trace for them.
+    options = tf.saved_model.SaveOptions(experimental_custom_gradients=False)
+    tf.saved_model.save(translator, path, signatures=signatures, options=options)
+
+
+class _Untracked:
+    """Holds a model where `tf.Module` does not track it."""
+
+    def __init__(self, model):
+        self.model = model
 
 
 class Translator(tf.Module):
-    """The model, the tokenizer and beam search as one `tf.Module`."""
+    """The model, the tokenizer and beam search as one `tf.Module`, with
+    `translate` and `translate_ids` (the signatures) as its functions."""
 
     def __init__(self, model, beam_size, alpha, max_length_offset):
         super().__init__(name="translator")
         if model.preprocessor is None:
             raise ValueError("Export needs a model with a preprocessor (its tokenizer).")
-        self._model = model
-        # Tracked here, so that the SavedModel saves them.
+        # The model's variables are tracked here, so that the SavedModel
+        # saves them; the model itself is held untracked (`_Untracked`):
+        # the saver would otherwise walk every attribute of every layer.
+        self._held = _Untracked(model)
         self.model_variables = list(model.variables)
         tokenizer = model.preprocessor.tokenizer
         if hasattr(tokenizer, "graph_tokenizer"):  # MarianTokenizer: tracked tables
@@ -274,20 +283,25 @@ class Translator(tf.Module):
         special = model.special_token_ids
         self.pad_id, self.end_id = special.pad, special.end
         self.source_start_id = special.source_start
+        # Traced once each, here, as concrete functions: the saver traces
+        # a `tf.function` method once more, in its own context.
+        text = [tf.TensorSpec([None], tf.string, name="text")]
+        self.translate = tf.function(self._translate, input_signature=text, autograph=False).get_concrete_function()
+        self.translate_ids = tf.function(
+            self._translate_ids, input_signature=text, autograph=False
+        ).get_concrete_function()
 
-    @tf.function(input_signature=[tf.TensorSpec([None], tf.string, name="text")], autograph=False)
-    def translate(self, text):
+    def _translate(self, text):
         token_ids, lengths, _ = self._search(text)
         ragged = tf.RaggedTensor.from_tensor(token_ids, lengths=lengths)
         return {"translations": self.tokenizer.detokenize(ragged)}
 
-    @tf.function(input_signature=[tf.TensorSpec([None], tf.string, name="text")], autograph=False)
-    def translate_ids(self, text):
+    def _translate_ids(self, text):
         token_ids, lengths, scores = self._search(text)
         return {"token_ids": token_ids, "lengths": lengths, "scores": scores}
 
     def _search(self, text):
-        model = self._model
+        model = self._held.model
         limit = model.backbone.max_sequence_length
         empty = tf.strings.regex_full_match(text, BLANK)
         pieces = self.tokenizer.tokenize(text)
@@ -321,7 +335,7 @@ class Translator(tf.Module):
         max_budget = tf.reduce_max(tf.concat([budgets, [1]], axis=0))  # 1 for an empty batch
         # The cache holds the start token's position and the longest output.
         token_ids, lengths, scores, _ = search_loop(
-            self._model, encoder_ids, encoder_mask, budgets, max_budget + 1, self.beam_size, 1, self.alpha, "gnmt"
+            self._held.model, encoder_ids, encoder_mask, budgets, max_budget + 1, self.beam_size, 1, self.alpha, "gnmt"
         )
         return token_ids[:, 0], lengths[:, 0], scores[:, 0]
 

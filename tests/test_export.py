@@ -28,6 +28,8 @@ texts = json.loads(sys.stdin.read())
 translator = tf.saved_model.load(sys.argv[1])
 strings = translator.signatures["serving_default"](text=tf.constant(texts))["translations"]
 ids = translator.signatures["translate_ids"](text=tf.constant(texts))
+# The signatures' functions are the module's own too.
+as_function = translator.translate(tf.constant(texts[:2]))["translations"]
 no_texts = translator.signatures["translate_ids"](text=tf.constant([], tf.string))
 try:
     translator.signatures["serving_default"](text=tf.constant(["word " * 300]))
@@ -43,6 +45,7 @@ print(json.dumps({
     "signatures": sorted(translator.signatures),
     "forbidden_modules": loaded,
     "too_long": too_long,
+    "as_function": [s.decode("utf-8") for s in as_function.numpy()],
     "no_texts": {name: list(value.shape) for name, value in no_texts.items()},
 }))
 """
@@ -89,6 +92,7 @@ def test_saved_model_translates_like_the_package(exported, texts):
     model = TransformerSeq2SeqLM.from_preset(PRESET)
     expected = [best for best, *_ in model.generate(texts, beam_size=4, alpha=0.6, return_scores=True)]
     assert served["translations"] == [text for text, _ in expected]
+    assert served["as_function"] == served["translations"][:2]
     np.testing.assert_allclose(served["scores"], [score for _, score in expected], atol=1e-4)
     # The token ids are those the package's beam search chose.
     found = beam_search(model, model._tokenize_sources(texts), beam_size=4, alpha=0.6)
