@@ -22,6 +22,8 @@ from keras_transformer.models import TransformerTokenizer
 from keras_transformer.presets import PresetError
 from keras_transformer.utils.files import DiskFullError
 
+from helpers import once
+
 TEXTS = ["A dog runs.", "Two men play soccer."]
 
 
@@ -64,6 +66,7 @@ def test_text_that_is_not_utf8_names_the_line(preset, monkeypatch, tmp_path, cap
         model.generate([b"\xff dog"], sampler="greedy")
 
 
+@once
 def test_a_byte_order_mark_is_not_translated(preset, tmp_path, capsys):
     model, directory = preset
     assert cli._decode_lines(b"\xef\xbb\xbfA dog runs.\r\nA cat.\n", "f") == ["A dog runs.", "A cat."]

@@ -11,6 +11,7 @@ from keras_transformer.decoding import Ensemble
 from keras_transformer.decoding import beam_search
 from keras_transformer.decoding.beam import length_penalty
 
+from helpers import once
 from test_beam_search import END
 from test_beam_search import OUTPUTS
 from test_beam_search import START
@@ -112,6 +113,7 @@ def test_models_of_other_vocabularies_are_refused():
                        sampler=keras_hub.samplers.GreedySampler(), ensemble=[model])
 
 
+@once
 def test_translate_command_takes_ensemble_presets(capsys):
     from keras_transformer import cli
 

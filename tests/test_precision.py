@@ -13,6 +13,7 @@ from keras_transformer import presets
 from keras_transformer.layers import SharedTokenEmbedding
 from keras_transformer.models import TransformerSeq2SeqLM
 
+from helpers import once
 from helpers import to_numpy
 
 PRESET = "transformer_multi30k_en_de"
@@ -65,6 +66,7 @@ def test_bfloat16_model_computes_in_bfloat16_and_translates_like_float32():
     assert model.generate("A man is riding a bicycle.") == "Ein Mann fährt Fahrrad."
 
 
+@once
 @pytest.mark.parametrize("flags", [["--quantize", "int8"], ["--dtype", "bfloat16"]])
 def test_translate_command_takes_precision_flags(flags, capsys):
     cli.main(["translate", *flags, "A man is riding a bicycle."])

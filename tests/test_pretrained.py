@@ -14,6 +14,8 @@ from keras_transformer.datasets import multi30k
 from keras_transformer.metrics import corpus_scores
 from keras_transformer.models import TransformerSeq2SeqLM
 
+from helpers import once
+
 # Greedy outputs of the shipped weights: the same strings on jax,
 # tensorflow and torch (this file runs on each).
 EXPECTED = {
@@ -85,11 +87,13 @@ def test_scores_on_test_sentences_agree_with_the_metadata(name, multi30k_dir):
     assert abs(scores["bleu"] - recorded) < 6.0, (scores["bleu"], recorded)
 
 
+@once
 def test_translate_command_uses_the_en_de_preset_by_default(capsys, no_network):
     cli.main(["translate", "--beam-size", "1", *EXPECTED["transformer_multi30k_en_de"]])
     assert capsys.readouterr().out.splitlines() == list(EXPECTED["transformer_multi30k_en_de"].values())
 
 
+@once
 def test_translate_command_takes_a_preset_name(capsys, no_network):
     name = "transformer_multi30k_de_en"
     cli.main(["translate", "--preset", name, "--beam-size", "1", *EXPECTED[name]])

@@ -6,6 +6,7 @@ import pytest
 from keras_transformer.visualization import attention_maps
 from keras_transformer.visualization import plot_attention
 
+from helpers import once
 from helpers import to_numpy
 from test_seq2seq_lm import tiny_model
 
@@ -36,6 +37,7 @@ def test_attention_maps_reproduce_the_forward_pass(small_tokenizer):
     np.testing.assert_allclose(maps["logits"], logits, atol=1e-4)
 
 
+@once
 def test_plot_attention_writes_a_picture(small_tokenizer, tmp_path):
     pytest.importorskip("matplotlib")
     model = tiny_model(small_tokenizer)
