@@ -33,17 +33,23 @@ def tiny_model(seed=0, max_sequence_length=64, **kwargs):
     return TransformerSeq2SeqLM(backbone)
 
 
-def sequence_log_prob(model, source, output):
-    """log P(output | source) from full forward passes, no cache."""
+def sequence_log_probs(model, source, outputs):
+    """log P(output | source) of each output (all of one length), from one
+    full forward pass of them all, no cache."""
+    count, length = len(outputs), len(outputs[0])
     inputs = {
-        "encoder_token_ids": np.array([source], "int32"),
-        "encoder_padding_mask": np.ones((1, len(source)), "int32"),
-        "decoder_token_ids": np.array([[START] + output[:-1]], "int32"),
-        "decoder_padding_mask": np.ones((1, len(output)), "int32"),
+        "encoder_token_ids": np.array([source] * count, "int32"),
+        "encoder_padding_mask": np.ones((count, len(source)), "int32"),
+        "decoder_token_ids": np.array([[START] + output[:-1] for output in outputs], "int32"),
+        "decoder_padding_mask": np.ones((count, length), "int32"),
     }
-    logits = ops.convert_to_numpy(model(inputs))[0].astype("float64")
+    logits = ops.convert_to_numpy(model(inputs)).astype("float64")
     log_probs = logits - np.log(np.exp(logits - logits.max(-1, keepdims=True)).sum(-1, keepdims=True)) - logits.max(-1, keepdims=True)
-    return float(sum(log_probs[t, token] for t, token in enumerate(output)))
+    return [float(sum(log_probs[row, t, token] for t, token in enumerate(output))) for row, output in enumerate(outputs)]
+
+
+def sequence_log_prob(model, source, output):
+    return sequence_log_probs(model, source, [output])[0]
 
 
 def exhaustive(model, source, max_tokens, alpha):
@@ -51,13 +57,9 @@ def exhaustive(model, source, max_tokens, alpha):
     the maximum length."""
     scored = []
     for length in range(1, max_tokens + 1):
-        for output in itertools.product(OUTPUTS, repeat=length):
-            output = list(output)
-            if END in output[:-1]:
-                continue
-            if output[-1] != END and length < max_tokens:
-                continue
-            log_prob = sequence_log_prob(model, source, output)
+        outputs = [list(o) for o in itertools.product(OUTPUTS, repeat=length)]
+        outputs = [o for o in outputs if END not in o[:-1] and (o[-1] == END or length == max_tokens)]
+        for output, log_prob in zip(outputs, sequence_log_probs(model, source, outputs)):
             ids = output[:-1] if output[-1] == END else output
             scored.append((log_prob / length_penalty(length, alpha), log_prob, ids))
     return sorted(scored, key=lambda item: -item[0])
