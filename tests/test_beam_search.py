@@ -33,17 +33,22 @@ def tiny_model(seed=0, max_sequence_length=64, **kwargs):
     return TransformerSeq2SeqLM(backbone)
 
 
-def sequence_log_probs(model, source, outputs):
-    """log P(output | source) of each output (all of one length), from one
-    full forward pass of them all, no cache."""
+def teacher_forced_inputs(source, outputs):
+    """One batch that feeds each output (all of one length) to the decoder
+    after the start token, with `source` for each."""
     count, length = len(outputs), len(outputs[0])
-    inputs = {
+    return {
         "encoder_token_ids": np.array([source] * count, "int32"),
         "encoder_padding_mask": np.ones((count, len(source)), "int32"),
         "decoder_token_ids": np.array([[START] + output[:-1] for output in outputs], "int32"),
         "decoder_padding_mask": np.ones((count, length), "int32"),
     }
-    logits = ops.convert_to_numpy(model(inputs)).astype("float64")
+
+
+def sequence_log_probs(model, source, outputs):
+    """log P(output | source) of each output (all of one length), from one
+    full forward pass of them all, no cache."""
+    logits = ops.convert_to_numpy(model(teacher_forced_inputs(source, outputs))).astype("float64")
     log_probs = logits - np.log(np.exp(logits - logits.max(-1, keepdims=True)).sum(-1, keepdims=True)) - logits.max(-1, keepdims=True)
     return [float(sum(log_probs[row, t, token] for t, token in enumerate(output))) for row, output in enumerate(outputs)]
 

@@ -15,6 +15,7 @@ from helpers import once
 from test_beam_search import END
 from test_beam_search import OUTPUTS
 from test_beam_search import START
+from test_beam_search import teacher_forced_inputs
 from test_beam_search import tiny_model
 
 
@@ -22,13 +23,7 @@ def mean_probability_log_probs(models, source, outputs):
     """log P(output | source) of each output (all of one length) under the
     models' mean next-token probabilities, from full forward passes of each
     model (no cache), all outputs in one batch."""
-    count, length = len(outputs), len(outputs[0])
-    inputs = {
-        "encoder_token_ids": np.array([source] * count, "int32"),
-        "encoder_padding_mask": np.ones((count, len(source)), "int32"),
-        "decoder_token_ids": np.array([[START] + output[:-1] for output in outputs], "int32"),
-        "decoder_padding_mask": np.ones((count, length), "int32"),
-    }
+    inputs = teacher_forced_inputs(source, outputs)
     probabilities = []
     for model in models:
         logits = ops.convert_to_numpy(model(inputs)).astype("float64")
