@@ -208,9 +208,11 @@ def test_killed_run_resumes_where_it_stopped_then_evaluates(tmp_path, multi30k_d
 
     capsys.readouterr()
     output = str(tmp_path / "hyp.de")
-    cli.main(["evaluate", os.path.join(run, "model"), "--data-dir", multi30k_dir, "--limit", "16", "--output", output])
+    # Greedy, as the BLEU callback decoded: beam search is tested on its own.
+    cli.main(["evaluate", os.path.join(run, "model"), "--data-dir", multi30k_dir, "--limit", "16", "--output", output,
+              "--beam-size", "1"])
     printed = capsys.readouterr().out
-    assert "test_2016_flickr en-de, 16 sentences" in printed
+    assert "test_2016_flickr en-de, 16 sentences, greedy" in printed
     assert "BLEU (lowercased)" in printed and "case:lc" in printed
     hypotheses = open(output, encoding="utf-8").read().splitlines()
     assert len(hypotheses) == 16

@@ -141,7 +141,29 @@ class TransformerSeq2SeqLM(PresetIO, keras_hub.models.Seq2SeqLM):
             if shuffle:
                 samples = samples.shuffle(int(samples.cardinality()), reshuffle_each_iteration=True)
             x, y, sample_weight, batch_size = samples.batch(batch_size), None, None, None
+        self._build_optimizer_before_tracing()
         return super().fit(x, y, batch_size=batch_size, sample_weight=sample_weight, shuffle=False, **kwargs)
+
+    def _build_optimizer_before_tracing(self):
+        """Creates the optimizer's variables (Adam's moments) before `fit`
+        traces its training step.
+
+        Keras on TensorFlow, without a distribution strategy, leaves them
+        to the first trace of the step, and a `tf.function` that creates
+        variables is traced twice: building them here first halves the time
+        to the first step (the tiny config, 5 x 96-token batches: 25.5 ->
+        14.0 s with XLA, 14.9 -> 7.6 s without). Under a strategy Keras
+        builds them itself, in the strategy's scope; the other backends
+        build them before compiling.
+        """
+        optimizer = getattr(self, "optimizer", None)
+        if (
+            keras.config.backend() == "tensorflow"
+            and optimizer is not None
+            and not optimizer.built
+            and getattr(self, "_distribute_strategy", None) is None
+        ):
+            optimizer.build(self.trainable_variables)
 
     def train_step(self, *args, **kwargs):
         # PyTorch processes launched together (keras_transformer.distribution)
