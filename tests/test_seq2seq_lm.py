@@ -88,6 +88,24 @@ def test_fit_takes_string_pairs_and_shuffles_them_each_epoch(small_tokenizer, mu
     assert given[-1] is pairs
 
 
+def test_fit_traces_the_training_step_once():
+    """TensorFlow traces a step that creates variables twice: `fit`
+    creates the optimizer's before, so that its one step shape is traced
+    once, as on JAX (PyTorch runs the step eagerly, once a batch)."""
+    keras.utils.set_random_seed(0)
+    backbone = TransformerBackbone(50, num_layers=1, d_model=16, d_ff=32, num_heads=2, max_sequence_length=8)
+    model = TransformerSeq2SeqLM(backbone)
+    model.compile()
+    traced, train_step = [], model.train_step
+    model.train_step = lambda *args, **kwargs: traced.append(1) or train_step(*args, **kwargs)
+    ids = np.random.default_rng(0).integers(4, 50, (12, 8)).astype("int32")
+    ones = np.ones_like(ids)
+    x = {"encoder_token_ids": ids, "encoder_padding_mask": ones, "decoder_token_ids": ids, "decoder_padding_mask": ones}
+    model.fit(x, ids, batch_size=4, epochs=1, shuffle=False, verbose=0)
+    assert len(traced) == (3 if keras.config.backend() == "torch" else 1)
+    assert model.optimizer.built and int(to_numpy(model.optimizer.iterations)) == 3
+
+
 def test_fit_splits_off_validation_pairs_as_keras_does(small_tokenizer, multi30k_train, monkeypatch):
     sources, targets = multi30k_train
     model = tiny_model(small_tokenizer)

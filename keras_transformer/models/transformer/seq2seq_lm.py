@@ -151,8 +151,9 @@ class TransformerSeq2SeqLM(PresetIO, keras_hub.models.Seq2SeqLM):
         Keras on TensorFlow, without a distribution strategy, leaves them
         to the first trace of the step, and a `tf.function` that creates
         variables is traced twice: building them here first halves the time
-        to the first step (the tiny config, 5 x 96-token batches: 25.5 ->
-        14.0 s with XLA, 14.9 -> 7.6 s without). Under a strategy Keras
+        to the first step of the tiny config (14.9 -> 7.6 s on a 2-core
+        CPU; 25.5 -> 13.8 s with XLA) and takes 0.72x the time for the
+        small one (`benchmarks/first_step.py`). Under a strategy Keras
         builds them itself, in the strategy's scope; the other backends
         build them before compiling.
         """
