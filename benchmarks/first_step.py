@@ -6,10 +6,11 @@
 Each row is a new process that builds a `TransformerSeq2SeqLM`, compiles it
 with the paper's recipe and calls `fit` twice on the same `--steps` batches
 of 64 x 32 random tokens: the first `fit` traces and compiles the training
-step (JAX and TensorFlow with XLA), the second is the same work once
-compiled. `first fit - second fit` is the start-up cost a user pays at
-every `fit`, run start and resumed run (the second fit is short and noisy:
-compare the first fits). Each row is the median of `--repeats`
+step (JAX with XLA; TensorFlow as a graph, which Keras compiles with XLA
+only where there is a GPU), the second is the same work once compiled.
+`first fit - second fit` is the start-up cost a user pays at the first
+`fit` of every model and every run start (the second fit is short and
+noisy: compare the first fits). Each row is the median of `--repeats`
 processes, the two orders alternating.
 
 The peer is Keras' own order, run in the same way: `TransformerSeq2SeqLM.fit`
