@@ -13,8 +13,9 @@ only where there is a GPU), the second is the same work once compiled.
 noisy: compare the first fits). Each row is the median of `--repeats`
 processes, the two orders alternating.
 
-The peer is Keras' own order, run in the same way: `TransformerSeq2SeqLM.fit`
-creates the optimizer's variables before the step is traced, where Keras
+The peer is Keras' own order, run in the same way: `TransformerSeq2SeqLM`
+creates the optimizer's variables before the step is traced (in its
+`make_train_function`, for `fit` and `train_on_batch`), where Keras
 on TensorFlow creates them inside the first trace, so that TensorFlow
 traces the step twice (a `tf.function` that creates variables is traced
 again without them). "Keras' order" skips that first build. On JAX and

@@ -260,7 +260,7 @@ def test_fit_learns_to_reverse_sequences():
     from keras_transformer.losses import LabelSmoothedCrossEntropy
 
     model.compile(optimizer=keras.optimizers.Adam(2e-3), loss=LabelSmoothedCrossEntropy(0.0))
-    # As TransformerSeq2SeqLM.fit does: TensorFlow then traces the step once.
+    # As TransformerSeq2SeqLM does: TensorFlow then traces the step once.
     model.optimizer.build(model.trainable_variables)
     history = model.fit(inputs, target, batch_size=64, epochs=35, verbose=0)
     losses = history.history["loss"]

@@ -88,8 +88,9 @@ def test_fit_takes_string_pairs_and_shuffles_them_each_epoch(small_tokenizer, mu
     assert given[-1] is pairs
 
 
-def test_fit_traces_the_training_step_once():
-    """TensorFlow traces a step that creates variables twice: `fit`
+@pytest.mark.parametrize("how", ["fit", "train_on_batch"])
+def test_training_traces_the_step_once(how):
+    """TensorFlow traces a step that creates variables twice: the model
     creates the optimizer's before, so that its one step shape is traced
     once, as on JAX (PyTorch runs the step eagerly, once a batch)."""
     keras.utils.set_random_seed(0)
@@ -101,7 +102,11 @@ def test_fit_traces_the_training_step_once():
     ids = np.random.default_rng(0).integers(4, 50, (12, 8)).astype("int32")
     ones = np.ones_like(ids)
     x = {"encoder_token_ids": ids, "encoder_padding_mask": ones, "decoder_token_ids": ids, "decoder_padding_mask": ones}
-    model.fit(x, ids, batch_size=4, epochs=1, shuffle=False, verbose=0)
+    if how == "fit":
+        model.fit(x, ids, batch_size=4, epochs=1, shuffle=False, verbose=0)
+    else:
+        for rows in (slice(0, 4), slice(4, 8), slice(8, 12)):
+            model.train_on_batch({name: value[rows] for name, value in x.items()}, ids[rows])
     assert len(traced) == (3 if keras.config.backend() == "torch" else 1)
     assert model.optimizer.built and int(to_numpy(model.optimizer.iterations)) == 3
 

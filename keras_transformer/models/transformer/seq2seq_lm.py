@@ -141,12 +141,11 @@ class TransformerSeq2SeqLM(PresetIO, keras_hub.models.Seq2SeqLM):
             if shuffle:
                 samples = samples.shuffle(int(samples.cardinality()), reshuffle_each_iteration=True)
             x, y, sample_weight, batch_size = samples.batch(batch_size), None, None, None
-        self._build_optimizer_before_tracing()
         return super().fit(x, y, batch_size=batch_size, sample_weight=sample_weight, shuffle=False, **kwargs)
 
-    def _build_optimizer_before_tracing(self):
-        """Creates the optimizer's variables (Adam's moments) before `fit`
-        traces its training step.
+    def make_train_function(self, force=False):
+        """Keras' training function (for `fit` and `train_on_batch`), with
+        the optimizer's variables (Adam's moments) created first.
 
         Keras on TensorFlow, without a distribution strategy, leaves them
         to the first trace of the step, and a `tf.function` that creates
@@ -157,6 +156,10 @@ class TransformerSeq2SeqLM(PresetIO, keras_hub.models.Seq2SeqLM):
         builds them itself, in the strategy's scope; the other backends
         build them before compiling.
         """
+        self._build_optimizer_before_tracing()
+        return super().make_train_function(force)
+
+    def _build_optimizer_before_tracing(self):
         optimizer = getattr(self, "optimizer", None)
         if (
             keras.config.backend() == "tensorflow"
