@@ -44,7 +44,6 @@ BATCH, LENGTH = 64, 32
 
 def worker(model_name, steps, keras_order):
     import keras
-    import numpy as np
 
     from keras_transformer.models import TransformerBackbone
     from keras_transformer.models import TransformerSeq2SeqLM
