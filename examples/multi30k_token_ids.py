@@ -113,16 +113,16 @@ def train(args):
     import keras
 
     from keras_transformer.data.batching import TokenBudgetBatches
-    from keras_transformer.schedules import paper_optimizer
 
     started = time.time()
     data = TokenIds(args.token_ids)
     keras.utils.set_random_seed(args.seed)
     sources, targets, distilled = _training_pairs(data, args)
     batches = TokenBudgetBatches(sources, targets, max_tokens=args.max_tokens, max_length=256, seed=args.seed)
-    model = _model(data, dropout=args.dropout, weights=args.init_weights)
+    architecture = _architecture(args)
+    model = _model(data, dropout=args.dropout, weights=args.init_weights, architecture=architecture)
     backbone = model.backbone
-    model.compile(optimizer=paper_optimizer(backbone.d_model, args.warmup_steps), label_smoothing=0.1)
+    _compile(model, args)
     print(f"{backbone.count_params():,} parameters, {len(batches)} batches an epoch "
           f"({distilled:,} distilled pairs)", flush=True)
 
@@ -158,17 +158,82 @@ def train(args):
     keras.Model.fit(model, repeated(), steps_per_epoch=len(batches), epochs=args.epochs, callbacks=[average], verbose=0)
     backbone.set_weights([np.mean(w, axis=0).astype(w[0].dtype) for w in zip(*average.kept)])
 
-    result = {"pair": args.pair, "seed": args.seed, "epochs": len(average.epoch_seconds),
-              "steps": len(average.epoch_seconds) * len(batches), "averaged_epochs": len(average.kept),
+    result = {"pair": args.pair, "seed": args.seed, "architecture": architecture, "dropout": args.dropout,
+              "max_tokens": args.max_tokens, "warmup_steps": args.warmup_steps,
+              "peak_learning_rate": args.peak_learning_rate, "epochs": len(average.epoch_seconds),
+              "initial_step": args.initial_step,
+              "steps": args.initial_step + len(average.epoch_seconds) * len(batches), "averaged_epochs": len(average.kept),
               "seconds_an_epoch": round(float(np.median(average.epoch_seconds)), 2), "hardware": _hardware(),
               "initial_weights": bool(args.init_weights), "distilled_pairs": distilled,
               "distilled_only": bool(args.distilled and args.distilled_only)}
     # Saved before scoring: weights outlast a scoring that fails.
     np.savez(args.output, *[w.astype("float16") for w in backbone.get_weights()])
-    result.update(_scores(model, data, args.pair, args.score_limit))
-    with open(os.path.splitext(args.output)[0] + ".json", "w") as f:
-        json.dump(result, f, indent=1)
+    _write_record(args.output, result)
+    if not args.no_scoring:
+        result.update(_scores(model, data, args.pair, args.score_limit))
+        _write_record(args.output, result)
     print(f"Wrote {args.output} (float16 weights)")
+
+
+def _compile(model, args):
+    """Adam on the paper's schedule with label smoothing 0.1, peaking at
+    `args.peak_learning_rate` if given, its step at `args.initial_step`."""
+    from keras_transformer.schedules import paper_optimizer
+
+    d_model = model.backbone.d_model
+    # The paper's schedule peaks at d_model**-0.5 * warmup_steps**-0.5;
+    # scaled, it peaks at the rate asked for (fairseq's `--lr` with
+    # `inverse_sqrt` has the same shape).
+    scale = args.peak_learning_rate * (d_model * args.warmup_steps) ** 0.5 if args.peak_learning_rate else 1.0
+    model.compile(optimizer=paper_optimizer(d_model, args.warmup_steps, scale), label_smoothing=0.1)
+    if args.initial_step:
+        # The schedule goes on from there; Adam's moments start anew.
+        model.optimizer.build(model.trainable_variables)
+        model.optimizer.iterations.assign(args.initial_step)
+
+
+def _record_path(weights):
+    """The record beside an .npz of weights: `NAME.json` for `NAME.npz`."""
+    return os.path.splitext(weights)[0] + ".json"
+
+
+def _read_record(weights):
+    """What `train` (and `score`) wrote beside `weights`; {} if nothing."""
+    if not weights.endswith(".npz") or not os.path.exists(_record_path(weights)):
+        return {}
+    with open(_record_path(weights)) as f:
+        return json.load(f)
+
+
+def _write_record(weights, record):
+    with open(_record_path(weights), "w") as f:
+        json.dump(record, f, indent=1)
+
+
+def _architecture(args):
+    """The `small` configuration's sizes, with those given on the command
+    line in their place; where training starts from a model, that model's."""
+    from keras_transformer.models import CONFIGS
+
+    if args.init_weights:
+        return _weights_architecture(args.init_weights)
+    sizes = {key: value for key, value in CONFIGS["small"].items() if key != "dropout"}
+    given = {key: getattr(args, key) for key in sizes if getattr(args, key) is not None}
+    return {**sizes, **given}
+
+
+def _weights_architecture(path):
+    """The sizes of the model in a preset, or in an .npz `train` wrote
+    (the `small` configuration's where its record names none)."""
+    from keras_transformer.models import CONFIGS
+
+    keys = ("num_layers", "d_model", "d_ff", "num_heads")
+    if path.endswith(".npz"):
+        return _read_record(path).get("architecture") or {k: CONFIGS["small"][k] for k in keys}
+    from keras_transformer.models import TransformerBackbone
+
+    config = TransformerBackbone.from_preset(path, load_weights=False).get_config()
+    return {key: config[key] for key in keys}
 
 
 def _training_pairs(data, args):
@@ -191,20 +256,23 @@ def _training_pairs(data, args):
     return sources + [all_sources[r] for r in rows], targets + _unflat(teacher["decoder"], len(rows)), len(rows)
 
 
-def _model(data, dropout=0.0, weights=None):
-    """The `small` Transformer on the pairs' vocabulary, with `weights` (an
-    .npz that `train` wrote) if given."""
-    from keras_transformer.models import CONFIGS
+def _model(data, dropout=0.0, weights=None, architecture=None):
+    """A Transformer on the pairs' vocabulary: with `weights` (a preset, or
+    an .npz that `train` wrote) and their sizes if given, else of
+    `architecture`'s sizes."""
     from keras_transformer.models import TransformerBackbone
     from keras_transformer.models import TransformerSeq2SeqLM
 
+    if weights:
+        architecture = _weights_architecture(weights)
     backbone = TransformerBackbone(vocabulary_size=data.detokenizer().get_piece_size(), max_sequence_length=256,
-                                   **{**CONFIGS["small"], "dropout": dropout})
+                                   dropout=dropout, **architecture)
     model = TransformerSeq2SeqLM(backbone)
     if weights:
         values = _load_weights(weights)
         if [v.shape for v in values] != [tuple(w.shape) for w in backbone.weights]:
-            raise SystemExit(f"{weights} does not hold the weights of a `small` Transformer on this vocabulary.")
+            raise SystemExit(f"{weights} does not hold the weights of a Transformer of {architecture} "
+                             "on this vocabulary.")
         backbone.set_weights([v.astype(w.dtype) for v, w in zip(values, backbone.weights)])
     return model
 
@@ -312,38 +380,54 @@ def _hardware():
 
 
 def to_preset(args):
-    """The weights in a preset: the architecture, tokenizer and settings of
-    `--preset`; the metadata's `training` block from the `NAME.json` that
-    `train` wrote beside them, if it is there."""
+    """The weights in a preset: the tokenizer and settings of `--preset`,
+    the sizes of the model the weights are of; the metadata's `training`
+    block from the `NAME.json` that `train` wrote beside them, if it is
+    there."""
+    from keras_transformer.models import TransformerBackbone
     from keras_transformer.models import TransformerSeq2SeqLM
 
     if os.path.exists(args.output_dir) and os.listdir(args.output_dir):
         raise SystemExit(f"{args.output_dir} is not empty: choose another --output-dir.")
-    model = TransformerSeq2SeqLM.from_preset(args.preset)
+    template = TransformerSeq2SeqLM.from_preset(args.preset, load_weights=False)
+    config = {**template.backbone.get_config(), **_weights_architecture(args.weights)}
+    model = TransformerSeq2SeqLM(TransformerBackbone.from_config(config), preprocessor=template.preprocessor)
     values = _load_weights(args.weights)
     shapes = [tuple(w.shape) for w in model.backbone.weights]
     if [v.shape for v in values] != shapes:
-        raise SystemExit(f"{args.weights} does not hold the weights of {args.preset}'s architecture.")
+        raise SystemExit(f"{args.weights} does not hold the weights of a model of its recorded sizes "
+                         f"on {args.preset}'s vocabulary.")
     model.backbone.set_weights([v.astype(w.dtype) for v, w in zip(values, model.backbone.weights)])
     metadata = {}
-    record = os.path.splitext(args.weights)[0] + ".json"
-    if os.path.exists(record):
-        with open(record) as f:
-            result = json.load(f)
+    result = _read_record(args.weights)
+    if result:
         source, target = result["pair"].split("-")
         metadata = {
             "languages": {"source": source, "target": target},
             "training": {
-                "command": f"python examples/multi30k_token_ids.py train --token-ids PAIRS --pair {result['pair']} "
-                           f"--seed {result['seed']} --epochs {result['epochs']} --output WEIGHTS",
+                "command": _train_command(result),
                 "steps": result["steps"],
                 "averaged_checkpoints": result["averaged_epochs"],
                 "hardware": result.get("hardware", "unknown"),
             },
-            "scores_lowercase": {split: result[split] for split in ("val", "test_2016_flickr", "test_2017_flickr")},
+            "scores_lowercase": {
+                split: result[split] for split in ("val", "test_2016_flickr", "test_2017_flickr") if split in result
+            },
         }
     model.save_to_preset(args.output_dir, metadata=metadata)
     print(f"Wrote {args.output_dir}")
+
+
+def _train_command(record):
+    """The `train` command line that a record's settings come from."""
+    command = (f"python examples/multi30k_token_ids.py train --token-ids PAIRS --pair {record['pair']} "
+               f"--seed {record['seed']} --epochs {record['epochs']}")
+    for key, value in (record.get("architecture") or {}).items():
+        command += f" --{key.replace('_', '-')} {value}"
+    for key in ("dropout", "max_tokens", "warmup_steps", "peak_learning_rate"):
+        if record.get(key) is not None:
+            command += f" --{key.replace('_', '-')} {record[key]}"
+    return command + " --output WEIGHTS"
 
 
 def pipeline(args):
@@ -481,10 +565,12 @@ def score(args):
     """Lowercased sacreBLEU of a model or an ensemble on val,
     test_2016_flickr and test_2017_flickr, written beside the first."""
     data = TokenIds(args.token_ids)
-    result = {"pair": args.pair, "models": [os.path.basename(path) for path in args.weights]}
+    # Added to the first model's record, whose training settings stay.
+    result = {**_read_record(args.weights[0]), "pair": args.pair}
+    if len(args.weights) > 1:
+        result["models"] = [os.path.basename(path) for path in args.weights]
     result.update(_scores(_ensemble(data, args.weights), data, args.pair, args.score_limit))
-    with open(os.path.splitext(args.weights[0])[0] + ".json", "w") as f:
-        json.dump(result, f, indent=1)
+    _write_record(args.weights[0], result)
 
 
 def _val_bleu(path):
@@ -518,7 +604,17 @@ def main():
     p.add_argument("--scoring-seconds", type=float, default=60, help="time kept for scoring under --seconds")
     p.add_argument("--max-tokens", type=int, default=4096)
     p.add_argument("--warmup-steps", type=int, default=800)
+    p.add_argument("--peak-learning-rate", type=float,
+                   help="the schedule's learning rate at the end of the warm-up (default: the paper's, "
+                        "d_model**-0.5 * warmup_steps**-0.5)")
+    p.add_argument("--initial-step", type=int, default=0,
+                   help="the schedule's step to start at (to go on from --init-weights where its run stopped)")
     p.add_argument("--dropout", type=float, default=0.3)
+    p.add_argument("--num-layers", type=int, help="encoder and decoder layers each (default: the `small` model's)")
+    p.add_argument("--d-model", type=int, help="model width (default: the `small` model's)")
+    p.add_argument("--d-ff", type=int, help="feed-forward width (default: the `small` model's)")
+    p.add_argument("--num-heads", type=int, help="attention heads (default: the `small` model's)")
+    p.add_argument("--no-scoring", action="store_true", help="write the weights unscored (`score` them elsewhere)")
     p.add_argument("--keep-checkpoints", type=int, default=5, help="how many last epochs to average")
     p.add_argument("--limit", type=int, help="train on the first N pairs only (a smoke test)")
     p.add_argument("--score-limit", type=int, help="score the first N sentences of each split only")
@@ -568,7 +664,7 @@ def main():
     p.add_argument("--output-dir", required=True)
     p = steps.add_parser("to-preset", help="write trained weights as a preset (needs TensorFlow)")
     p.add_argument("--weights", required=True, help="the .npz `train` wrote")
-    p.add_argument("--preset", default="transformer_multi30k_en_de", help="whose architecture and tokenizer")
+    p.add_argument("--preset", default="transformer_multi30k_en_de", help="whose tokenizer and settings")
     p.add_argument("--output-dir", required=True)
     args = parser.parse_args()
     commands = {"prepare": prepare, "train": train, "distill": distill, "score": score, "pipeline": pipeline,

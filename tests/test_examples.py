@@ -173,3 +173,76 @@ def test_averaged_weights_are_the_element_wise_mean_in_float16(tmp_path):
     assert [w.dtype for w in average] == ["float16", "float16"]
     np.testing.assert_array_equal(average[0], [[2.0, 2.0], [2.0, 0.0]])
     np.testing.assert_array_equal(average[1], [1.0])
+
+
+def test_the_schedule_peaks_at_the_rate_asked_for_and_goes_on_from_the_step_given():
+    import keras
+    import numpy as np
+
+    from keras_transformer.models import TransformerBackbone
+    from keras_transformer.models import TransformerSeq2SeqLM
+
+    token_ids_example = _load_example("multi30k_token_ids")
+    backbone = TransformerBackbone(vocabulary_size=50, num_layers=1, d_model=16, d_ff=32, num_heads=2)
+
+    def rate(step=None, **options):
+        model = TransformerSeq2SeqLM(backbone)
+        args = argparse.Namespace(**{"warmup_steps": 100, "peak_learning_rate": None, "initial_step": 0, **options})
+        token_ids_example._compile(model, args)
+        if step is not None:
+            model.optimizer.build(model.trainable_variables)
+            model.optimizer.iterations.assign(step - 1)  # the schedule's steps count from 1
+        return float(keras.ops.convert_to_numpy(model.optimizer.learning_rate))
+
+    # The paper's formula: d_model**-0.5 * min(step**-0.5, step * warmup**-1.5).
+    np.testing.assert_allclose(rate(100), 16**-0.5 * 100**-0.5, rtol=1e-5)
+    np.testing.assert_allclose(rate(100, peak_learning_rate=0.005), 0.005, rtol=1e-5)
+    np.testing.assert_allclose(rate(400, peak_learning_rate=0.005), 0.005 * (100 / 400) ** 0.5, rtol=1e-5)
+    # Going on after 399 updates: the 400th step's rate, without setting the step again.
+    np.testing.assert_allclose(rate(peak_learning_rate=0.005, initial_step=399), rate(400, peak_learning_rate=0.005))
+    assert rate(peak_learning_rate=0.005, initial_step=399) < rate(peak_learning_rate=0.005, initial_step=99)
+
+
+def test_weights_of_other_sizes_become_a_preset_of_those_sizes_with_their_command(tmp_path):
+    import numpy as np
+
+    from keras_transformer.models import TransformerBackbone
+    from keras_transformer.models import TransformerSeq2SeqLM
+
+    token_ids_example = _load_example("multi30k_token_ids")
+    template = TransformerBackbone.from_preset("transformer_multi30k_en_de", load_weights=False)
+    sizes = {"num_layers": 1, "d_model": 32, "d_ff": 48, "num_heads": 2}
+    backbone = TransformerBackbone.from_config({**template.get_config(), **sizes})
+    weights = [np.random.default_rng(i).normal(size=w.shape).astype("float16") for i, w in enumerate(backbone.weights)]
+    np.savez(tmp_path / "tiny.npz", *weights)
+    record = {"pair": "de-en", "seed": 3, "architecture": sizes, "dropout": 0.3, "max_tokens": 8192,
+              "warmup_steps": 2000, "peak_learning_rate": 0.005, "epochs": 51, "steps": 3621, "averaged_epochs": 10,
+              "hardware": "test", "val": 40.0}
+    (tmp_path / "tiny.json").write_text(json.dumps(record))
+    token_ids_example.to_preset(argparse.Namespace(weights=str(tmp_path / "tiny.npz"),
+                                                   preset="transformer_multi30k_en_de",
+                                                   output_dir=str(tmp_path / "preset")))
+    model = TransformerSeq2SeqLM.from_preset(str(tmp_path / "preset"))
+    assert {key: model.backbone.get_config()[key] for key in sizes} == sizes
+    for loaded, saved in zip(model.backbone.get_weights(), weights):
+        np.testing.assert_array_equal(loaded, saved.astype(loaded.dtype))
+    metadata = json.loads((tmp_path / "preset" / "metadata.json").read_text())
+    command = metadata["training"]["command"]
+    assert "--pair de-en --seed 3 --epochs 51 --num-layers 1 --d-model 32 --d-ff 48 --num-heads 2" in command
+    assert "--max-tokens 8192 --warmup-steps 2000 --peak-learning-rate 0.005" in command
+    assert metadata["scores_lowercase"] == {"val": 40.0}
+    assert metadata["languages"] == {"source": "de", "target": "en"}
+
+
+def test_scores_join_the_record_of_how_the_weights_were_trained(tmp_path, monkeypatch):
+    token_ids_example = _load_example("multi30k_token_ids")
+    (tmp_path / "model.npz").write_bytes(b"")
+    (tmp_path / "model.json").write_text(json.dumps({"pair": "en-de", "architecture": {"d_model": 128}, "val": 1.0}))
+    monkeypatch.setattr(token_ids_example, "TokenIds", lambda path: None)
+    monkeypatch.setattr(token_ids_example, "_ensemble", lambda data, paths: paths)
+    monkeypatch.setattr(token_ids_example, "_scores", lambda model, data, pair, limit: {"val": 38.5})
+    args = argparse.Namespace(token_ids="pairs.npz", pair="en-de", weights=[str(tmp_path / "model.npz")],
+                              score_limit=None)
+    token_ids_example.score(args)
+    record = json.loads((tmp_path / "model.json").read_text())
+    assert record == {"pair": "en-de", "architecture": {"d_model": 128}, "val": 38.5}
