@@ -563,14 +563,18 @@ def _write_average(models, path):
 
 def score(args):
     """Lowercased sacreBLEU of a model or an ensemble on val,
-    test_2016_flickr and test_2017_flickr, written beside the first."""
+    test_2016_flickr and test_2017_flickr: added to a model's record, or
+    written to `--output` (which an ensemble needs)."""
+    if len(args.weights) > 1 and not args.output:
+        raise SystemExit("Scores of an ensemble need --output (a .json to write): no model's record is theirs.")
     data = TokenIds(args.token_ids)
-    # Added to the first model's record, whose training settings stay.
-    result = {**_read_record(args.weights[0]), "pair": args.pair}
-    if len(args.weights) > 1:
-        result["models"] = [os.path.basename(path) for path in args.weights]
+    if args.output:
+        result = {"pair": args.pair, "models": [os.path.basename(path) for path in args.weights]}
+    else:  # added to the model's record, whose training settings stay
+        result = {**_read_record(args.weights[0]), "pair": args.pair}
     result.update(_scores(_ensemble(data, args.weights), data, args.pair, args.score_limit))
-    _write_record(args.weights[0], result)
+    with open(args.output or _record_path(args.weights[0]), "w") as f:
+        json.dump(result, f, indent=1)
 
 
 def _val_bleu(path):
@@ -637,6 +641,7 @@ def main():
     p.add_argument("--weights", nargs="+", required=True, help="the models (presets, or .npz files `train` wrote)")
     p.add_argument("--limit", type=int, help="ignored (the pipeline passes it to every step)")
     p.add_argument("--score-limit", type=int, help="score the first N sentences of each split only")
+    p.add_argument("--output", help="the .json to write (default: the model's record, NAME.json beside NAME.npz)")
     p = steps.add_parser("pipeline", help="teachers, distillation and students side by side on one GPU")
     p.add_argument("--token-ids", required=True, help="the .npz `prepare` wrote")
     p.add_argument("--initial", nargs="+", required=True, metavar="PAIR=MODEL",

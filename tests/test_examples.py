@@ -235,6 +235,8 @@ def test_weights_of_other_sizes_become_a_preset_of_those_sizes_with_their_comman
 
 
 def test_scores_join_the_record_of_how_the_weights_were_trained(tmp_path, monkeypatch):
+    import pytest
+
     token_ids_example = _load_example("multi30k_token_ids")
     (tmp_path / "model.npz").write_bytes(b"")
     (tmp_path / "model.json").write_text(json.dumps({"pair": "en-de", "architecture": {"d_model": 128}, "val": 1.0}))
@@ -242,7 +244,15 @@ def test_scores_join_the_record_of_how_the_weights_were_trained(tmp_path, monkey
     monkeypatch.setattr(token_ids_example, "_ensemble", lambda data, paths: paths)
     monkeypatch.setattr(token_ids_example, "_scores", lambda model, data, pair, limit: {"val": 38.5})
     args = argparse.Namespace(token_ids="pairs.npz", pair="en-de", weights=[str(tmp_path / "model.npz")],
-                              score_limit=None)
+                              score_limit=None, output=None)
     token_ids_example.score(args)
     record = json.loads((tmp_path / "model.json").read_text())
     assert record == {"pair": "en-de", "architecture": {"d_model": 128}, "val": 38.5}
+    # An ensemble's scores are no model's: they go where --output says, and nowhere without it.
+    args.weights.append(str(tmp_path / "other.npz"))
+    with pytest.raises(SystemExit, match="--output"):
+        token_ids_example.score(args)
+    args.output = str(tmp_path / "ensemble.json")
+    token_ids_example.score(args)
+    assert json.loads((tmp_path / "ensemble.json").read_text())["models"] == ["model.npz", "other.npz"]
+    assert json.loads((tmp_path / "model.json").read_text()) == record
