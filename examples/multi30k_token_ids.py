@@ -422,12 +422,104 @@ def _train_command(record):
     """The `train` command line that a record's settings come from."""
     command = (f"python examples/multi30k_token_ids.py train --token-ids PAIRS --pair {record['pair']} "
                f"--seed {record['seed']} --epochs {record['epochs']}")
-    for key, value in (record.get("architecture") or {}).items():
-        command += f" --{key.replace('_', '-')} {value}"
+    if record.get("initial_weights"):  # a later stage: the sizes are those of the weights it starts from
+        command += f" --init-weights PREVIOUS_STAGE.npz --initial-step {record.get('initial_step', 0)}"
+    else:
+        for key, value in (record.get("architecture") or {}).items():
+            command += f" --{key.replace('_', '-')} {value}"
     for key in ("dropout", "max_tokens", "warmup_steps", "peak_learning_rate"):
         if record.get(key) is not None:
             command += f" --{key.replace('_', '-')} {record[key]}"
     return command + " --output WEIGHTS"
+
+
+def ensemble_preset(args):
+    """An ensemble preset (`keras_transformer.presets.ensembles`) of weights
+    that `train` wrote: the tokenizer of `--preset`, the first member's
+    model with the others as its ensemble, weights in float16; in
+    metadata.json each member's training stages (their records) and the
+    ensemble's scores on test_2016_flickr and test_2017_flickr, beam 4 and
+    alpha 0.6 and greedy, of the weights as saved."""
+    import keras
+
+    from keras_transformer.metrics import evaluate_translation
+    from keras_transformer.models import TransformerBackbone
+    from keras_transformer.models import TransformerSeq2SeqLM
+    from keras_transformer.presets import preset_metadata
+
+    if os.path.exists(args.output_dir) and os.listdir(args.output_dir):
+        raise SystemExit(f"{args.output_dir} is not empty: choose another --output-dir.")
+    stages = [member.split(",") for member in args.members]
+    records = [[_read_record(path) for path in paths] for paths in stages]
+    pairs = {member[-1].get("pair") for member in records}
+    if len(pairs) != 1 or None in pairs:
+        raise SystemExit(f"The members must be records of one pair, each with its NAME.json; got pairs {pairs}.")
+    pair = pairs.pop()
+    source, target = pair.split("-")
+    template = TransformerSeq2SeqLM.from_preset(args.preset, load_weights=False, dtype="float16")
+    models = []
+    for paths in stages:
+        config = {**template.backbone.get_config(), **_weights_architecture(paths[-1])}
+        model = TransformerSeq2SeqLM(TransformerBackbone.from_config(config), preprocessor=template.preprocessor)
+        values = _load_weights(paths[-1])
+        if [v.shape for v in values] != [tuple(w.shape) for w in model.backbone.weights]:
+            raise SystemExit(f"{paths[-1]} does not hold the weights its record describes.")
+        model.backbone.set_weights([v.astype("float16") for v in values])
+        models.append(model)
+    models[0].set_ensemble_members(models[1:])
+    template_metadata = preset_metadata(args.preset)
+    names = {"en": "English", "de": "German"}
+    sizes = [f"{m.backbone.num_layers}+{m.backbone.num_layers} layers d_model {m.backbone.d_model}" for m in models]
+    metadata = {
+        "languages": {"source": source, "target": target},
+        "data": f"Multi30k task 1 train split, {pair}, 29,000 sentence pairs",
+        "data_terms": template_metadata.get("data_terms"),
+        "training": {
+            "script": "examples/multi30k_token_ids.py",
+            "members": [
+                {"stages": [{"command": _train_command(record), **{key: record.get(key) for key in (
+                    "steps", "averaged_epochs", "seconds_an_epoch", "hardware", "val", "test_2016_flickr",
+                    "test_2017_flickr")}} for record in member]}
+                for member in records
+            ],
+            "steps": [member[-1].get("steps") for member in records],
+            "hardware": sorted({record.get("hardware", "unknown") for member in records for record in member}),
+        },
+        "weights_dtype": "float16",
+        "decoding": {"beam_size": 4, "alpha": 0.6, "max_length_offset": 50},
+        "keras_version": keras.version(),
+    }
+    staging = _temporary_directory()
+    try:
+        # Scored as saved: float16 weights loaded into float32 models.
+        models[0].save_to_preset(staging, metadata=metadata)
+        ensemble = TransformerSeq2SeqLM.from_preset(staging)
+        data = TokenIds(args.token_ids)
+        scores, greedy = {}, {}
+        for split in ("test_2016_flickr", "test_2017_flickr"):
+            sources, references = data.texts(split, source)[: args.limit], data.texts(split, target)[: args.limit]
+            for decoding, table in (({"beam_size": 4, "alpha": 0.6}, scores), ({"sampler": "greedy"}, greedy)):
+                result = evaluate_translation(ensemble, sources, references, batch_size=64, **decoding)
+                table[split] = {key: value for key, value in result.items() if key != "translations"}
+                print(f"{split} {'greedy' if table is greedy else 'beam 4'}: BLEU {result['bleu']:.2f}, "
+                      f"lowercased {result['bleu_lowercase']:.2f}", flush=True)
+        first = scores["test_2016_flickr"]
+        metadata.update(
+            description=(
+                f"An ensemble of {len(models)} Transformers ({', '.join(sizes)}; shared "
+                f"{models[0].backbone.vocabulary_size:,}-token BPE vocabulary) trained on Multi30k "
+                f"{names[source]} to {names[target]}, decoded together; test_2016_flickr BLEU "
+                f"{first['bleu']:.1f} (lowercased {first['bleu_lowercase']:.1f}), beam 4."
+            ),
+            scores=scores,
+            greedy_scores=greedy,
+        )
+        if args.limit:
+            metadata["scored_sentences"] = args.limit  # a smoke test's scores, not the split's
+        models[0].save_to_preset(args.output_dir, metadata=metadata)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    print(f"Wrote {args.output_dir}")
 
 
 def pipeline(args):
@@ -671,9 +763,17 @@ def main():
     p.add_argument("--weights", required=True, help="the .npz `train` wrote")
     p.add_argument("--preset", default="transformer_multi30k_en_de", help="whose tokenizer and settings")
     p.add_argument("--output-dir", required=True)
+    p = steps.add_parser("ensemble-preset", help="write an ensemble of trained weights as a preset, scored")
+    p.add_argument("--token-ids", required=True, help="the .npz `prepare` wrote (its test sentences are scored)")
+    p.add_argument("--members", nargs="+", required=True, metavar="STAGE1.npz[,STAGE2.npz...]",
+                   help="each model as the weights of its training stages, the last its final weights; the "
+                        "first model's tokenizer settings are --preset's")
+    p.add_argument("--preset", default="transformer_multi30k_en_de", help="whose tokenizer and settings")
+    p.add_argument("--limit", type=int, help="score the first N sentences of each test set only (a smoke test)")
+    p.add_argument("--output-dir", required=True)
     args = parser.parse_args()
     commands = {"prepare": prepare, "train": train, "distill": distill, "score": score, "pipeline": pipeline,
-                "to-preset": to_preset}
+                "to-preset": to_preset, "ensemble-preset": ensemble_preset}
     commands[args.step](args)
 
 

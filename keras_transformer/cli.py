@@ -167,7 +167,9 @@ def _load_translator(preset, args):
     languages = {name: presets.preset_metadata(name).get("languages") for name in names} if args.ensemble else {}
     if len({tuple(sorted(pair.items())) for pair in languages.values() if pair}) > 1:
         raise SystemExit(f"error: the models of an ensemble must translate the same languages; got {languages}")
-    models = [TransformerSeq2SeqLM.from_preset(name, **({"dtype": args.dtype} if args.dtype else {})) for name in names]
+    loaded = [TransformerSeq2SeqLM.from_preset(name, **({"dtype": args.dtype} if args.dtype else {})) for name in names]
+    # An ensemble preset's own models, then the other presets' (and theirs).
+    models = [member for model in loaded for member in (model, *model.ensemble_members)]
     for model in models if args.quantize else ():
         model.quantize(args.quantize)
     decoding = dict(sampler="greedy") if args.beam_size == 1 else dict(
@@ -268,7 +270,7 @@ def _evaluate(args):
         with open(args.output, "w", encoding="utf-8") as f:
             f.write("\n".join(scores["translations"]) + "\n")
     how = ("greedy" if args.beam_size == 1 else f"beam {args.beam_size}, alpha {args.alpha}") + (
-        f", an ensemble of {1 + len(args.ensemble)} models" if args.ensemble else "")
+        f", an ensemble of {1 + len(decoding['ensemble'])} models" if decoding["ensemble"] else "")
     print(f"{args.split} {source}-{target}, {len(sources)} sentences, {how}")
     print(f"BLEU {scores['bleu']:.2f}  {scores['bleu_signature']}")
     print(f"BLEU (lowercased) {scores['bleu_lowercase']:.2f}  {scores['bleu_lowercase_signature']}")

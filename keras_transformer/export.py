@@ -45,6 +45,7 @@ import tensorflow_text as tf_text
 
 from keras_transformer.decoding import rules
 from keras_transformer.decoding.loop import search_loop
+from keras_transformer.presets import ensembles
 from keras_transformer.utils.files import move_into_place
 from keras_transformer.utils.files import reporting_full_disk
 from keras_transformer.utils.files import staging_directory
@@ -105,6 +106,7 @@ def export_saved_model(
         )
     _check_exportable(model)
     _check_precision(model, dtype, quantize)
+    ensembles.warn_first_model_only(model, "The SavedModel")
     precision = {"dtype": dtype, "quantize": quantize}
     export_dir = os.path.abspath(os.fspath(export_dir))
     if os.path.isfile(export_dir):

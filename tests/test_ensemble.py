@@ -120,3 +120,118 @@ def test_translate_command_takes_ensemble_presets(capsys):
     # The de-en preset shares the en-de preset's vocabulary, not its direction.
     with pytest.raises(SystemExit, match="the models of an ensemble must translate the same languages"):
         cli.main(["translate", "--ensemble", "transformer_multi30k_de_en", text])
+
+
+def preset_sized_models(seeds_and_layers):
+    """Small random models on the shipped en-de preset's tokenizer (of
+    other sizes than its model), the first with its preprocessor's
+    settings: models an ensemble preset can hold."""
+    import keras
+
+    from keras_transformer.models import TransformerBackbone
+    from keras_transformer.models import TransformerSeq2SeqLM
+
+    preset = TransformerSeq2SeqLM.from_preset("transformer_multi30k_en_de", load_weights=False)
+    models = []
+    for seed, layers in seeds_and_layers:
+        keras.utils.set_random_seed(seed)
+        config = {**preset.backbone.get_config(), "num_layers": layers, "d_model": 16, "d_ff": 24, "num_heads": 2}
+        models.append(TransformerSeq2SeqLM(TransformerBackbone.from_config(config), preprocessor=preset.preprocessor))
+    return models
+
+
+SENTENCES = ["A dog runs on the beach.", "Two men."]
+
+
+def test_an_ensemble_preset_saves_its_models_and_loads_them_as_its_ensemble(tmp_path):
+    import json
+
+    from keras_transformer.models import TransformerSeq2SeqLM
+
+    first, second, third = preset_sized_models([(1, 1), (2, 2), (3, 1)])
+    first.set_ensemble_members([second, third])
+    first.save_to_preset(tmp_path / "ensemble")
+    metadata = json.loads((tmp_path / "ensemble" / "metadata.json").read_text())
+    assert metadata["ensemble"] == ["ensemble/1", "ensemble/2"]
+    loaded = TransformerSeq2SeqLM.from_preset(tmp_path / "ensemble")
+    assert [m.backbone.num_layers for m in loaded.ensemble_members] == [2, 1]
+    for member, saved in zip(loaded.ensemble_members, (second, third)):
+        for a, b in zip(member.backbone.get_weights(), saved.backbone.get_weights()):
+            np.testing.assert_array_equal(a, b)
+    # The members are not the first model's weights: fit trains it alone.
+    assert len(loaded.weights) == len(first.weights)
+    settings = dict(max_length_offset=6, return_scores=True)
+    together = first.generate(SENTENCES, ensemble=[second, third], **settings)
+    assert loaded.generate(SENTENCES, **settings) == [
+        [(text, pytest.approx(score, rel=1e-4, abs=1e-5))] for [(text, score)] in together
+    ]
+    alone = first.generate(SENTENCES, ensemble=[], **settings)
+    assert loaded.generate(SENTENCES, ensemble=[], **settings) == [
+        [(text, pytest.approx(score, rel=1e-4, abs=1e-5))] for [(text, score)] in alone
+    ]
+    assert [score for [(_, score)] in alone] != pytest.approx([score for [(_, score)] in together], rel=1e-3)
+
+
+@once
+def test_a_model_saved_over_an_ensemble_preset_leaves_no_member_behind(tmp_path):
+    from keras_transformer.models import TransformerSeq2SeqLM
+
+    first, second = preset_sized_models([(1, 1), (2, 1)])
+    first.set_ensemble_members([second])
+    first.save_to_preset(tmp_path / "preset")
+    first.set_ensemble_members([])
+    first.save_to_preset(tmp_path / "preset")
+    assert not (tmp_path / "preset" / "ensemble").exists()
+    assert TransformerSeq2SeqLM.from_preset(tmp_path / "preset").ensemble_members == []
+
+
+@once
+def test_an_ensemble_preset_missing_or_with_a_damaged_member_is_named(tmp_path):
+    import shutil
+
+    from keras_transformer.models import TransformerSeq2SeqLM
+    from keras_transformer.presets import PresetError
+
+    first, second = preset_sized_models([(1, 1), (2, 1)])
+    first.set_ensemble_members([second])
+    first.save_to_preset(tmp_path / "preset")
+    weights = tmp_path / "preset" / "ensemble" / "1" / "model.weights.h5"
+    data = bytearray(weights.read_bytes())
+    data[-100] ^= 0xFF
+    weights.write_bytes(bytes(data))
+    with pytest.raises(PresetError, match="model.weights.h5"):
+        TransformerSeq2SeqLM.from_preset(tmp_path / "preset")
+    shutil.rmtree(tmp_path / "preset" / "ensemble" / "1")
+    with pytest.raises(PresetError, match="lists the ensemble model 'ensemble/1', which it does not hold"):
+        TransformerSeq2SeqLM.from_preset(tmp_path / "preset")
+
+
+@once
+def test_ensemble_members_of_another_vocabulary_are_refused():
+    from keras_transformer.models import TransformerBackbone
+    from keras_transformer.models import TransformerSeq2SeqLM
+
+    (first,) = preset_sized_models([(1, 1)])
+    other = TransformerSeq2SeqLM(TransformerBackbone(9, num_layers=1, d_model=16, d_ff=32, num_heads=2))
+    with pytest.raises(ValueError, match="must share one vocabulary"):
+        first.set_ensemble_members([other])
+    assert first.ensemble_members == []
+
+
+@once
+def test_commands_decode_with_an_ensemble_presets_models_and_exports_warn(tmp_path, capsys):
+    import argparse
+
+    from keras_transformer import cli
+    from keras_transformer.convert import export_marian
+
+    first, second = preset_sized_models([(1, 1), (2, 2)])
+    first.set_ensemble_members([second])
+    first.save_to_preset(tmp_path / "preset")
+    args = argparse.Namespace(ensemble=[str(tmp_path / "preset")], dtype=None, quantize=None, beam_size=4,
+                              alpha=0.6, length_penalty="gnmt")
+    model, decoding = cli._load_translator(str(tmp_path / "preset"), args)
+    # The preset's two models, then the --ensemble preset's two.
+    assert [m.backbone.num_layers for m in [model, *decoding["ensemble"]]] == [1, 2, 1, 2]
+    with pytest.warns(UserWarning, match="the first of the ensemble's 2 models only"):
+        export_marian(str(tmp_path / "preset"), tmp_path / "marian")

@@ -36,6 +36,7 @@ import numpy as np
 from keras_transformer.convert import marian
 from keras_transformer.convert import marian_weights
 from keras_transformer.presets import PresetError
+from keras_transformer.presets import ensembles
 from keras_transformer.utils.files import move_into_place
 from keras_transformer.utils.files import reporting_full_disk
 from keras_transformer.utils.files import staging_directory
@@ -76,6 +77,7 @@ def export_marian(model, output_dir, overwrite=False):
     ```
     """
     model = _load(model)
+    ensembles.warn_first_model_only(model, "The Marian directory")
     backbone, tokenizer = model.backbone, model.preprocessor.tokenizer
     layout = MarianLayout(model.special_token_ids, backbone.vocabulary_size)
     config = marian_config(model, layout)

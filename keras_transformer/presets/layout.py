@@ -18,13 +18,17 @@ TASK_WEIGHTS_FILE = "task.weights.h5"
 PREPROCESSOR_FILE = "preprocessor.json"
 TOKENIZER_FILE = "tokenizer.json"
 ASSETS_DIR = "assets"
+# An ensemble preset's other models (presets/ensembles.py), listed in
+# metadata.json under ENSEMBLE_KEY.
+ENSEMBLE_DIR = "ensemble"
+ENSEMBLE_KEY = "ensemble"
 # metadata.json records the SHA-256 of each weights file a save writes.
 CHECKSUMS_KEY = "weights_sha256"
 # Everything a save writes: what an earlier save left and a new one does not
 # write again is removed, so that a directory never mixes two presets.
 PRESET_ENTRIES = (
     CONFIG_FILE, METADATA_FILE, *WEIGHTS_ENTRIES, TASK_FILE,
-    TASK_WEIGHTS_FILE, PREPROCESSOR_FILE, TOKENIZER_FILE, ASSETS_DIR,
+    TASK_WEIGHTS_FILE, PREPROCESSOR_FILE, TOKENIZER_FILE, ASSETS_DIR, ENSEMBLE_DIR,
 )
 
 

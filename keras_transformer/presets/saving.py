@@ -32,7 +32,7 @@ def saving(preset_dir, metadata=None, replaces=PRESET_ENTRIES):
     those of a preset already in `preset_dir`; if writing fails,
     `preset_dir` is left exactly as it was and the partial files are
     deleted. Nested saves (a task saving its backbone) write into the outer
-    save's directory.
+    save's directory, merging their `metadata` into the metadata.json there.
 
     Args:
         preset_dir: where the preset goes.
@@ -48,6 +48,8 @@ def saving(preset_dir, metadata=None, replaces=PRESET_ENTRIES):
     """
     if getattr(_saving, "active", False):
         yield preset_dir
+        if metadata:  # also an ensemble member's own metadata.json (presets/ensembles.py)
+            _record(preset_dir, metadata, preset_dir)
         return
     preset_dir = os.path.abspath(os.fspath(preset_dir))
     if os.path.exists(preset_dir) and not os.path.isdir(preset_dir):
@@ -56,15 +58,21 @@ def saving(preset_dir, metadata=None, replaces=PRESET_ENTRIES):
     try:
         with reporting_full_disk("saving the preset to", preset_dir), staging_directory(preset_dir, "saving") as staging:
             yield staging
-            weights = sorted(matching(staging, (WEIGHTS_FILE, SHARDED_WEIGHTS_FILES, TASK_WEIGHTS_FILE)))
-            if weights:  # written with the metadata.json they are recorded in
-                checksums = {CHECKSUMS_KEY: {name: sha256(os.path.join(staging, name)) for name in weights}}
-                metadata = {**(metadata or {}), **checksums}
-            if metadata:
-                _merge_metadata(staging, metadata, preset_dir)
+            _record(staging, metadata, preset_dir)
             move_into_place(staging, preset_dir, replaces)
     finally:
         _saving.active = False
+
+
+def _record(directory, metadata, previous_dir):
+    """Merges `metadata` and the SHA-256 of the weights written into
+    `directory` into its metadata.json."""
+    weights = sorted(matching(directory, (WEIGHTS_FILE, SHARDED_WEIGHTS_FILES, TASK_WEIGHTS_FILE)))
+    if weights:  # written with the metadata.json they are recorded in
+        checksums = {CHECKSUMS_KEY: {name: sha256(os.path.join(directory, name)) for name in weights}}
+        metadata = {**(metadata or {}), **checksums}
+    if metadata:
+        _merge_metadata(directory, metadata, previous_dir)
 
 
 def _merge_metadata(directory, metadata, previous_dir):

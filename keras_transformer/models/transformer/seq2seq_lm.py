@@ -27,6 +27,9 @@ from keras_transformer.models.transformer.seq2seq_lm_preprocessor import (
 from keras_transformer.models.transformer.seq2seq_lm_preprocessor import source_texts
 from keras_transformer.models.transformer.special_tokens import special_token_ids
 from keras_transformer.presets import PresetIO
+from keras_transformer.presets import ensembles
+from keras_transformer.presets.saving import saving
+from keras_transformer.presets.layout import ENSEMBLE_KEY
 from keras_transformer.schedules import paper_optimizer
 
 
@@ -327,7 +330,9 @@ class TransformerSeq2SeqLM(PresetIO, keras_hub.models.Seq2SeqLM):
                 Marian rank hypotheses).
             ensemble: other models sharing this model's vocabulary, decoded
                 together with it: each step ranks tokens by the models' mean
-                probability (`keras_transformer.decoding.Ensemble`).
+                probability (`keras_transformer.decoding.Ensemble`). None
+                (the default): the `ensemble_members` of the ensemble preset
+                the model came from, if any; `[]`: this model alone.
 
         Returns:
             For string inputs, strings; for token ids, lists of ids. With
@@ -341,8 +346,13 @@ class TransformerSeq2SeqLM(PresetIO, keras_hub.models.Seq2SeqLM):
                 f"Unknown sampler {sampler!r}; available: 'beam', 'greedy', or a "
                 "keras_hub.samplers.Sampler instance."
             )
+        if ensemble is None:
+            ensemble = self.ensemble_members
         if keras_hub_sampler and (num_results > 1 or return_scores or ensemble):
-            raise ValueError("keras-hub samplers give no scores, n-best lists or ensembles; use sampler='beam'.")
+            raise ValueError(
+                "keras-hub samplers give no scores, n-best lists or ensembles; use sampler='beam'"
+                + (", or ensemble=[] to decode with this model alone." if ensemble else ".")
+            )
         if batch_size < 1:
             raise ValueError(f"batch_size must be at least 1, got {batch_size}.")
         check_alpha(alpha)
@@ -403,6 +413,56 @@ class TransformerSeq2SeqLM(PresetIO, keras_hub.models.Seq2SeqLM):
         else:
             outputs = [decode(result[0][0]) if result else empty for result in results]
         return outputs[0] if single else outputs
+
+    @property
+    def ensemble_members(self):
+        """The other models of the ensemble preset this model was loaded
+        from, which `generate` decodes with it by default ([] if none).
+
+        They are kept apart from this model's layers and weights (`fit`
+        trains this model alone); `save_to_preset` writes them with it.
+        """
+        return list(self.__dict__.get("_ensemble_members", ()))
+
+    def set_ensemble_members(self, models):
+        """Makes `models` (tasks on this model's vocabulary) the ensemble
+        that `generate` and `save_to_preset` use; [] for this model alone.
+
+        Example:
+
+        ```python
+        model = TransformerSeq2SeqLM.from_preset("runs/en-de-seed0/model")
+        model.set_ensemble_members([TransformerSeq2SeqLM.from_preset("runs/en-de-seed1/model")])
+        model.save_to_preset("en-de-ensemble")  # loads as the ensemble of both
+        ```
+        """
+        models = list(models)
+        if models:
+            Ensemble([self, *models])  # refuses models of another vocabulary
+        # Set past Keras' and PyTorch's attribute tracking: the members'
+        # weights are not this model's.
+        object.__setattr__(self, "_ensemble_members", tuple(models))
+
+    @classmethod
+    def from_preset(cls, preset, *args, **kwargs):
+        model = super().from_preset(preset, *args, **kwargs)
+        if isinstance(model, TransformerSeq2SeqLM):
+            members = ensembles.load_members(
+                model, preset, load_weights=kwargs.get("load_weights", True), dtype=kwargs.get("dtype")
+            )
+            object.__setattr__(model, "_ensemble_members", tuple(members))
+        return model
+
+    def save_to_preset(self, preset_dir, *args, metadata=None, **kwargs):
+        members = self.ensemble_members
+        if not members:
+            return super().save_to_preset(preset_dir, *args, metadata=metadata, **kwargs)
+        # One save: the members are written into the same staging directory,
+        # so a save that fails leaves the preset there as it was.
+        listed = {**(metadata or {}), ENSEMBLE_KEY: ensembles.member_directories(len(members))}
+        with saving(preset_dir, listed) as directory:
+            super().save_to_preset(directory, *args, metadata=metadata, **kwargs)
+            ensembles.save_members(members, directory)
 
     def _ensemble_with(self, others):
         """The `Ensemble` of this model and `others`, made again only when

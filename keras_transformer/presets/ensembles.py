@@ -1,0 +1,95 @@
+"""Ensemble presets: a preset that decodes with several models.
+
+An ensemble preset is the preset of its first model (the task, its
+tokenizer and weights, as any preset) with the other models' backbones in
+`ensemble/1`, `ensemble/2`, ... (each a backbone preset: `config.json`,
+`model.weights.h5`, `metadata.json`), listed in order under `"ensemble"`
+in the top `metadata.json`. `TransformerSeq2SeqLM.from_preset` loads them
+into `model.ensemble_members`, and `generate` averages the probabilities
+of all the models at each step, as fairseq's and Marian's ensembles do.
+
+The members share the first model's tokenizer: they must have been trained
+on its vocabulary. They may differ in depth and width.
+"""
+
+import os
+import warnings
+
+from keras_transformer.presets.layout import ENSEMBLE_DIR
+from keras_transformer.presets.layout import ENSEMBLE_KEY
+from keras_transformer.presets.layout import PresetError
+from keras_transformer.presets.registry import preset_metadata
+from keras_transformer.presets.registry import resolve
+
+
+def member_paths(preset):
+    """The paths (relative to the preset) of the members an ensemble preset
+    lists; [] for a preset of one model."""
+    members = preset_metadata(preset).get(ENSEMBLE_KEY) or []
+    if not isinstance(members, list) or not all(isinstance(path, str) for path in members):
+        raise PresetError(
+            f"The preset {os.fspath(preset)!r} lists its ensemble's models as {members!r} in metadata.json; "
+            f"expected a list of directories inside the preset, such as [\"{ENSEMBLE_DIR}/1\"]."
+        )
+    return members
+
+
+def load_members(task, preset, load_weights=True, dtype=None):
+    """The other models of an ensemble preset, as tasks of `task`'s class
+    sharing `task`'s preprocessor; [] for a preset of one model."""
+    paths = member_paths(preset)
+    if not paths:
+        return []
+    directory = resolve(os.fspath(preset))
+    if not os.path.isdir(directory):
+        raise PresetError(
+            f"The preset {os.fspath(preset)!r} is an ensemble of {1 + len(paths)} models, which load from a "
+            "directory: download the preset's directory and give its path."
+        )
+    members = []
+    for path in paths:
+        location = os.path.normpath(os.path.join(directory, path))
+        if os.path.commonpath([location, os.path.abspath(directory)]) != os.path.abspath(directory):
+            raise PresetError(f"The preset {directory!r} lists an ensemble model outside it: {path!r}.")
+        if not os.path.isdir(location):
+            raise PresetError(
+                f"The preset {directory!r} lists the ensemble model {path!r}, which it does not hold: the "
+                "preset is incomplete; copy or download it again."
+            )
+        backbone = type(task.backbone).from_preset(
+            location, load_weights=load_weights, **({"dtype": dtype} if dtype is not None else {})
+        )
+        members.append(type(task)(backbone, preprocessor=task.preprocessor))
+    return members
+
+
+def member_directories(count):
+    """Where an ensemble preset keeps its other `count` models, as
+    metadata.json lists them."""
+    return [f"{ENSEMBLE_DIR}/{i}" for i in range(1, count + 1)]
+
+
+def save_members(members, directory):
+    """Writes each member's backbone into `directory/ensemble/<i>`, inside
+    the save of the whole preset (`keras_transformer.presets.saving`)."""
+    for path, member in zip(member_directories(len(members)), members):
+        member.backbone.save_to_preset(os.path.join(directory, path))
+
+
+def warn_first_model_only(model, what):
+    """Warns that `what` (an export) holds an ensemble's first model only,
+    for a model (or preset) with ensemble members."""
+    if isinstance(model, (str, os.PathLike)):
+        try:
+            others = len(member_paths(model))
+        except (PresetError, OSError):  # the export's own loading reports it
+            others = 0
+    else:
+        others = len(getattr(model, "ensemble_members", ()))
+    if others:
+        warnings.warn(
+            f"{what} holds the first of the ensemble's {1 + others} models only, which translates less well "
+            "than the ensemble (the preset's metadata.json gives the ensemble's scores, and each model's in "
+            "`training`).",
+            stacklevel=3,
+        )
