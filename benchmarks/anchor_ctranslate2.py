@@ -31,6 +31,8 @@ def _sources(preset, data_dir, count):
     from keras_transformer.models import TransformerSeq2SeqLM
 
     model = TransformerSeq2SeqLM.from_preset(preset)
+    # An ensemble preset's first model alone: the model the peers hold.
+    model.set_ensemble_members([])
     sources, references = multi30k.load("test_2016_flickr", "en", "de", data_dir=data_dir)
     return model, sources[:count], references[:count]
 
@@ -60,6 +62,8 @@ def ours_worker(preset, data_dir, batch1, batch64):
             model.quantize("int8")
         elif dtype == "bfloat16":
             model = TransformerSeq2SeqLM.from_preset(preset, dtype="bfloat16")
+            # An ensemble preset's first model alone: the model the peers hold.
+            model.set_ensemble_members([])
 
         def translate(texts, model=model):
             return model.generate(texts, beam_size=BEAM, alpha=ALPHA, length_penalty="length",

@@ -117,6 +117,8 @@ def worker(preset, data_dir, batch1_sentences, batch64_sentences):
     from keras_transformer.models import TransformerSeq2SeqLM
 
     model = TransformerSeq2SeqLM.from_preset(preset)
+    # An ensemble preset's first model alone: the model the peers hold.
+    model.set_ensemble_members([])
     sources, references = multi30k.load("test_2016_flickr", "en", "de", data_dir=data_dir)
     count = max(batch1_sentences, batch64_sentences)
     token_ids = model.preprocessor.generate_preprocess(sources[:count], model.backbone.max_sequence_length)

@@ -33,6 +33,8 @@ def worker(preset, data_dir):
     from keras_transformer.models import TransformerSeq2SeqLM
 
     model = TransformerSeq2SeqLM.from_preset(preset)
+    # An ensemble preset's first model alone: the model the peers hold.
+    model.set_ensemble_members([])
     sources, _ = multi30k.load("test_2016_flickr", "en", "de", data_dir=data_dir)
     token_ids = model.preprocessor.generate_preprocess(
         sources[: max(n for _, n in BATCHES)], model.backbone.max_sequence_length

@@ -27,6 +27,16 @@ random, and `--distilled` adds a teacher's translations of the training
 sources (`distill`) to the references, or puts them in their place
 (`--distilled-only`).
 
+`--num-layers`, `--d-model`, `--d-ff` and `--num-heads` train another size
+than `small`, `--peak-learning-rate` scales the schedule to peak at that
+rate, and `--initial-step` goes on with a run from `--init-weights` where
+its schedule stopped; the record beside the weights keeps them all.
+`ensemble-preset` writes several runs as one ensemble preset, scored on
+both test sets (the shipped presets):
+
+    python examples/multi30k_token_ids.py ensemble-preset --token-ids pairs.npz \
+        --members ende-s2.npz,ende-s2-more.npz ende-s3.npz ende-s1.npz --output-dir presets/en-de
+
 `distill` scores an ensemble (presets or `train`'s weights) on val and
 test_2016_flickr and translates the training sources with it. `pipeline`
 runs the three on one GPU, each phase's runs side by side as processes

@@ -16,20 +16,20 @@ from keras_transformer.models import TransformerSeq2SeqLM
 
 from helpers import once
 
-# Greedy outputs of the shipped weights: the same strings on jax,
+# Greedy outputs of the shipped ensembles: the same strings on jax,
 # tensorflow and torch (this file runs on each).
 EXPECTED = {
     "transformer_multi30k_en_de": {
         "A man is riding a bicycle.": "Ein Mann fährt Fahrrad.",
         "Two dogs are playing in the snow.": "Zwei Hunde spielen im Schnee.",
         "A little girl in a pink dress climbs the stairs.":
-            "Ein kleines Mädchen in einem rosafarbenen Kleid klettert die Treppe hinauf.",
+            "Ein kleines Mädchen in einem rosa Kleid klettert die Treppe hinauf.",
     },
     "transformer_multi30k_de_en": {
-        "Ein Mann fährt Fahrrad.": "A man is riding a bike.",
-        "Zwei Hunde spielen im Schnee.": "Two dogs are playing in the snow.",
+        "Ein Mann fährt Fahrrad.": "A man is riding a bicycle.",
+        "Zwei Hunde spielen im Schnee.": "Two dogs play in the snow.",
         "Ein kleines Mädchen in einem rosa Kleid klettert die Treppe hinauf.":
-            "A little girl in a pink dress climbing the stairs.",
+            "A little girl in a pink dress climbs the stairs.",
     },
 }
 SHIPPED = sorted(presets.list_presets())
@@ -57,12 +57,20 @@ def test_the_multi30k_presets_ship_with_their_record():
             assert score["bleu_signature"].startswith("nrefs:1|case:mixed|eff:no|tok:13a")
             assert "case:lc" in score["bleu_lowercase_signature"]
         assert info["decoding"] == {"beam_size": 4, "alpha": 0.6, "max_length_offset": 50}
-        assert info["training"]["command"].startswith("keras-transformer train")
+        # Ensembles of models trained by the example script, each model's stages recorded.
+        assert info["training"]["script"] == "examples/multi30k_token_ids.py"
+        members = info["training"]["members"]
+        assert len(members) == 1 + len(info["ensemble"]) >= 2
+        for member in members:
+            for stage in member["stages"]:
+                assert stage["command"].startswith("python examples/multi30k_token_ids.py train")
         assert "non-commercial" in info["data_terms"]
-        # Loading checks the weights against the recorded SHA-256.
-        with open(os.path.join(info["path"], "model.weights.h5"), "rb") as f:
-            assert info["weights_sha256"] == {"model.weights.h5": hashlib.sha256(f.read()).hexdigest()}
-    assert total < 40 * 2**20
+        # Loading checks each model's weights against its recorded SHA-256.
+        for directory in [info["path"], *(os.path.join(info["path"], path) for path in info["ensemble"])]:
+            with open(os.path.join(directory, "model.weights.h5"), "rb") as f:
+                recorded = presets.read_metadata(directory)["weights_sha256"]
+                assert recorded == {"model.weights.h5": hashlib.sha256(f.read()).hexdigest()}
+    assert total < 40 * 10**6
 
 
 @pytest.mark.parametrize("name", SHIPPED)
