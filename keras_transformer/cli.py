@@ -129,6 +129,8 @@ def _add_precision(p):
     cli_formats.add_precision(p)
     p.add_argument("--ensemble", action="append", default=[], metavar="PRESET", help="also decode with this "
                    "preset (same vocabulary and languages), averaging the models' probabilities; repeatable")
+    p.add_argument("--first-model-only", action="store_true", help="of an ensemble preset, decode with its first "
+                   "model alone (faster; the shipped presets are ensembles)")
 
 
 # Whether the command runs in a process of its own (`run`), which it may
@@ -170,6 +172,8 @@ def _load_translator(preset, args):
     loaded = [TransformerSeq2SeqLM.from_preset(name, **({"dtype": args.dtype} if args.dtype else {})) for name in names]
     # An ensemble preset's own models, then the other presets' (and theirs).
     models = [member for model in loaded for member in (model, *model.ensemble_members)]
+    if args.first_model_only:
+        models = loaded
     for model in models if args.quantize else ():
         model.quantize(args.quantize)
     decoding = dict(sampler="greedy") if args.beam_size == 1 else dict(

@@ -76,6 +76,8 @@ def test_the_multi30k_presets_ship_with_their_record():
 @pytest.mark.parametrize("name", SHIPPED)
 def test_loads_by_name_offline_and_translates_fixed_sentences(name, no_network):
     model = TransformerSeq2SeqLM.from_preset(name)
+    models = [model, *model.ensemble_members]
+    assert presets.list_presets()[name]["parameter_count"] == sum(m.backbone.count_params() for m in models)
     sources = list(EXPECTED[name])
     assert model.generate(sources, sampler="greedy") == list(EXPECTED[name].values())
     assert model.generate("") == ""

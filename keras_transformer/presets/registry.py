@@ -73,8 +73,10 @@ def list_presets():
 
     Returns:
         A dict from preset name to its metadata (`description`,
-        `parameter_count`, `scores` per test set, `decoding`, `training`,
-        `data`, `languages`...), plus `size_bytes` (on disk) and `path`.
+        `parameter_count` (of all the models of an ensemble preset),
+        `scores` per test set, `decoding`, `training`, `data`,
+        `languages`, `ensemble`...), plus `size_bytes` (on disk) and
+        `path`.
 
     Example:
 
@@ -87,6 +89,9 @@ def list_presets():
     presets = {}
     for name, directory in shipped_directories().items():
         info = read_metadata(directory)
+        if info.get("ensemble") and "parameter_count" in info:  # all the models' (presets/ensembles.py)
+            members = [read_metadata(os.path.join(directory, path)) for path in info["ensemble"]]
+            info["parameter_count"] += sum(member.get("parameter_count", 0) for member in members)
         info["size_bytes"] = _size_on_disk(directory)
         info["path"] = directory
         presets[name] = info
