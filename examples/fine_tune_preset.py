@@ -40,7 +40,8 @@ def main():
     parser.add_argument("--epochs", type=int, default=30)
     args = parser.parse_args()
 
-    model = TransformerSeq2SeqLM.from_preset(args.preset)
+    # The shipped presets are ensembles: fine-tune and keep their first model.
+    model = TransformerSeq2SeqLM.from_preset(args.preset, load_ensemble=False)
     sources = [source for source, _ in PAIRS]
     targets = [target for _, target in PAIRS]
     print("Before:", model.generate(sources[:2]))

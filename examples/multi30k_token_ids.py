@@ -34,7 +34,7 @@ its schedule stopped; the record beside the weights keeps them all.
 `ensemble-preset` writes several runs as one ensemble preset, scored on
 both test sets (the shipped presets):
 
-    python examples/multi30k_token_ids.py ensemble-preset --token-ids pairs.npz \
+    python examples/multi30k_token_ids.py ensemble-preset --token-ids pairs.npz \\
         --members ende-s2.npz,ende-s2-more.npz ende-s3.npz ende-s1.npz --output-dir presets/en-de
 
 `distill` scores an ensemble (presets or `train`'s weights) on val and
@@ -225,10 +225,14 @@ def _architecture(args):
     line in their place; where training starts from a model, that model's."""
     from keras_transformer.models import CONFIGS
 
-    if args.init_weights:
-        return _weights_architecture(args.init_weights)
     sizes = {key: value for key, value in CONFIGS["small"].items() if key != "dropout"}
     given = {key: getattr(args, key) for key in sizes if getattr(args, key) is not None}
+    if args.initial_step and not args.init_weights:
+        raise SystemExit("--initial-step goes on with a run: give its weights with --init-weights.")
+    if args.init_weights:
+        if given:
+            raise SystemExit(f"--init-weights brings its own sizes; leave out {', '.join(sorted(given))}.")
+        return _weights_architecture(args.init_weights)
     return {**sizes, **given}
 
 
@@ -626,7 +630,7 @@ def pipeline(args):
             if pair not in initial_weights:
                 initial_weights[pair] = _load_weights(initial[pair])
             average = os.path.join(work, f"average-{pair}-{variant}.npz")
-            _write_average([initial_weights[pair], _load_weights(path)], average)
+            _write_average([initial_weights[pair], _load_weights(path)], average, _weights_architecture(path))
             runs.append((f"average-{pair}-{variant}", ["score", "--pair", pair, "--weights", average]))
     run_phase("averages", runs, args.average_seconds)
 
@@ -656,11 +660,13 @@ def pipeline(args):
         print(f"{pair}: best student {best}: {candidates[best]}", flush=True)
 
 
-def _write_average(models, path):
+def _write_average(models, path, architecture=None):
     """The element-wise mean of several models' weights, in float16 as
-    `train` writes them."""
+    `train` writes them, with a record of their sizes if given."""
     means = [np.mean([w.astype("float32") for w in weights], axis=0) for weights in zip(*models)]
     np.savez(path, *[w.astype("float16") for w in means])
+    if architecture:
+        _write_record(path, {"architecture": architecture})
 
 
 def score(args):

@@ -169,11 +169,12 @@ def _load_translator(preset, args):
     languages = {name: presets.preset_metadata(name).get("languages") for name in names} if args.ensemble else {}
     if len({tuple(sorted(pair.items())) for pair in languages.values() if pair}) > 1:
         raise SystemExit(f"error: the models of an ensemble must translate the same languages; got {languages}")
-    loaded = [TransformerSeq2SeqLM.from_preset(name, **({"dtype": args.dtype} if args.dtype else {})) for name in names]
+    options = {"dtype": args.dtype} if args.dtype else {}
+    if args.first_model_only:
+        options["load_ensemble"] = False
+    loaded = [TransformerSeq2SeqLM.from_preset(name, **options) for name in names]
     # An ensemble preset's own models, then the other presets' (and theirs).
     models = [member for model in loaded for member in (model, *model.ensemble_members)]
-    if args.first_model_only:
-        models = loaded
     for model in models if args.quantize else ():
         model.quantize(args.quantize)
     decoding = dict(sampler="greedy") if args.beam_size == 1 else dict(

@@ -40,7 +40,7 @@ def attention_maps(model, source, target=None):
     if not str(source).strip():
         raise ValueError("The source text is empty: there is no attention to show.")
     if target is None:
-        target = model.generate(source, sampler="greedy")
+        target = model.generate(source, sampler="greedy", ensemble=[])  # the maps are this model's
     source_ids = preprocessor.generate_preprocess([source], model.backbone.max_sequence_length)[0]
     target_ids = preprocessor.decoder_inputs(target)
     backbone = model.backbone

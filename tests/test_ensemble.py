@@ -159,7 +159,10 @@ def test_an_ensemble_preset_saves_its_models_and_loads_them_as_its_ensemble(tmp_
         for a, b in zip(member.backbone.get_weights(), saved.backbone.get_weights()):
             np.testing.assert_array_equal(a, b)
     # The members are not the first model's weights: fit trains it alone.
-    assert len(loaded.weights) == len(first.weights)
+    assert len(loaded.weights) == len(loaded.backbone.weights)
+    if hasattr(loaded, "parameters"):  # PyTorch: nor its torch parameters
+        assert len(list(loaded.parameters())) == len(list(loaded.backbone.parameters()))
+    assert TransformerSeq2SeqLM.from_preset(tmp_path / "ensemble", load_ensemble=False).ensemble_members == []
     settings = dict(max_length_offset=6, return_scores=True)
     together = first.generate(SENTENCES, ensemble=[second, third], **settings)
     assert loaded.generate(SENTENCES, **settings) == [
@@ -207,6 +210,29 @@ def test_an_ensemble_preset_missing_or_with_a_damaged_member_is_named(tmp_path):
 
 
 @once
+def test_an_ensemble_preset_whose_member_does_not_fit_is_named(tmp_path):
+    import json
+
+    from keras_transformer.models import TransformerBackbone
+    from keras_transformer.models import TransformerSeq2SeqLM
+    from keras_transformer.presets import PresetError
+
+    first, second = preset_sized_models([(1, 1), (2, 1)])
+    first.set_ensemble_members([second])
+    first.save_to_preset(tmp_path / "preset")
+    TransformerBackbone(9, num_layers=1, d_model=16, d_ff=32, num_heads=2).save_to_preset(
+        tmp_path / "preset" / "ensemble" / "1"
+    )
+    with pytest.raises(PresetError, match="'ensemble/1', which does not fit its first model"):
+        TransformerSeq2SeqLM.from_preset(tmp_path / "preset")
+    # Metadata copied from an ensemble preset lists no members for a save without them.
+    first.set_ensemble_members([])
+    metadata = json.loads((tmp_path / "preset" / "metadata.json").read_text())
+    first.save_to_preset(tmp_path / "single", metadata=metadata)
+    assert TransformerSeq2SeqLM.from_preset(tmp_path / "single").ensemble_members == []
+
+
+@once
 def test_ensemble_members_of_another_vocabulary_are_refused():
     from keras_transformer.models import TransformerBackbone
     from keras_transformer.models import TransformerSeq2SeqLM
@@ -216,6 +242,10 @@ def test_ensemble_members_of_another_vocabulary_are_refused():
     with pytest.raises(ValueError, match="must share one vocabulary"):
         first.set_ensemble_members([other])
     assert first.ensemble_members == []
+    second, third = preset_sized_models([(2, 1), (3, 1)])
+    second.set_ensemble_members([third])
+    with pytest.raises(ValueError, match="has ensemble members of its own"):
+        first.set_ensemble_members([second])
 
 
 @once

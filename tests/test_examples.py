@@ -120,7 +120,9 @@ def test_distill_writes_the_ensembles_translations_beside_the_other_splits(tmp_p
     assert (run_dir / "train.de").read_text().splitlines() == ["T(A dog runs.)", "T(Two men talk.)"]
     record = json.loads((run_dir / "distillation.json").read_text())
     assert [t["role"] for t in record["teachers"]] == ["PREVIOUS (the stage this one goes on from)", "TEACHER2"]
-    assert record["teachers"][0]["training"]["command"].startswith("keras-transformer train")
+    from keras_transformer import presets
+
+    assert record["teachers"][0]["training"] == presets.preset_metadata("transformer_multi30k_en_de")["training"]
     # The distilled data is never written over.
     with pytest.raises(SystemExit, match="not empty"):
         presets_example.distill(args)
@@ -168,7 +170,8 @@ def test_averaged_weights_are_the_element_wise_mean_in_float16(tmp_path):
     token_ids_example = _load_example("multi30k_token_ids")
     first = [np.array([[1.0, 2.0], [3.0, 4.0]], "float16"), np.array([0.5], "float16")]
     second = [np.array([[3.0, 2.0], [1.0, -4.0]], "float16"), np.array([1.5], "float16")]
-    token_ids_example._write_average([first, second], str(tmp_path / "average.npz"))
+    token_ids_example._write_average([first, second], str(tmp_path / "average.npz"), {"d_model": 2})
+    assert token_ids_example._weights_architecture(str(tmp_path / "average.npz")) == {"d_model": 2}
     average = token_ids_example._load_weights(str(tmp_path / "average.npz"))
     assert [w.dtype for w in average] == ["float16", "float16"]
     np.testing.assert_array_equal(average[0], [[2.0, 2.0], [2.0, 0.0]])
@@ -256,3 +259,19 @@ def test_scores_join_the_record_of_how_the_weights_were_trained(tmp_path, monkey
     token_ids_example.score(args)
     assert json.loads((tmp_path / "ensemble.json").read_text())["models"] == ["model.npz", "other.npz"]
     assert json.loads((tmp_path / "model.json").read_text()) == record
+
+
+def test_sizes_beside_a_runs_weights_and_a_step_without_them_are_refused():
+    import pytest
+
+    token_ids_example = _load_example("multi30k_token_ids")
+    args = argparse.Namespace(init_weights="run.npz", initial_step=100, num_layers=4, d_model=None, d_ff=None,
+                              num_heads=None)
+    with pytest.raises(SystemExit, match="leave out num_layers"):
+        token_ids_example._architecture(args)
+    args = argparse.Namespace(init_weights=None, initial_step=100, num_layers=None, d_model=128, d_ff=None,
+                              num_heads=None)
+    with pytest.raises(SystemExit, match="--initial-step goes on with a run"):
+        token_ids_example._architecture(args)
+    args.initial_step = 0
+    assert token_ids_example._architecture(args) == {"num_layers": 3, "d_model": 128, "d_ff": 1024, "num_heads": 4}

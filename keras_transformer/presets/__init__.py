@@ -30,6 +30,7 @@ from keras_transformer.presets.checks import weights_do_not_fit
 from keras_transformer.presets.layout import ASSETS_DIR
 from keras_transformer.presets.layout import CHECKSUMS_KEY
 from keras_transformer.presets.layout import CONFIG_FILE
+from keras_transformer.presets.layout import ENSEMBLE_DIR
 from keras_transformer.presets.layout import METADATA_FILE
 from keras_transformer.presets.layout import PREPROCESSOR_FILE
 from keras_transformer.presets.layout import PRESETS_DIR
@@ -115,7 +116,7 @@ class PresetIO:
         if isinstance(self, keras_hub.models.Task):
             replaces = PRESET_ENTRIES
         elif isinstance(self, keras_hub.models.Backbone):
-            replaces = (TASK_FILE, TASK_WEIGHTS_FILE, *WEIGHTS_ENTRIES)
+            replaces = (TASK_FILE, TASK_WEIGHTS_FILE, *WEIGHTS_ENTRIES, ENSEMBLE_DIR)
         else:
             replaces = ()
         with saving(preset_dir, metadata, replaces) as directory:

@@ -15,6 +15,7 @@ on its vocabulary. They may differ in depth and width.
 import os
 import warnings
 
+from keras_transformer.decoding.ensemble import Ensemble
 from keras_transformer.presets.layout import ENSEMBLE_DIR
 from keras_transformer.presets.layout import ENSEMBLE_KEY
 from keras_transformer.presets.layout import PresetError
@@ -59,7 +60,15 @@ def load_members(task, preset, load_weights=True, dtype=None):
         backbone = type(task.backbone).from_preset(
             location, load_weights=load_weights, **({"dtype": dtype} if dtype is not None else {})
         )
-        members.append(type(task)(backbone, preprocessor=task.preprocessor))
+        member = type(task)(backbone, preprocessor=task.preprocessor)
+        try:
+            Ensemble([task, member])
+        except ValueError as error:
+            raise PresetError(
+                f"The preset {directory!r} lists the ensemble model {path!r}, which does not fit its first "
+                f"model ({path}/config.json): {error}"
+            ) from error
+        members.append(member)
     return members
 
 

@@ -89,13 +89,19 @@ def list_presets():
     presets = {}
     for name, directory in shipped_directories().items():
         info = read_metadata(directory)
-        if info.get("ensemble") and "parameter_count" in info:  # all the models' (presets/ensembles.py)
-            members = [read_metadata(os.path.join(directory, path)) for path in info["ensemble"]]
-            info["parameter_count"] += sum(member.get("parameter_count", 0) for member in members)
+        if "parameter_count" in info:
+            info["parameter_count"] = _parameter_count(directory, info)
         info["size_bytes"] = _size_on_disk(directory)
         info["path"] = directory
         presets[name] = info
     return presets
+
+
+def _parameter_count(directory, metadata):
+    """The parameters of a preset's model, and of an ensemble preset's
+    further models (presets/ensembles.py) with them."""
+    members = [read_metadata(os.path.join(directory, path)) for path in metadata.get("ensemble") or ()]
+    return metadata["parameter_count"] + sum(member.get("parameter_count", 0) for member in members)
 
 
 def keras_hub_registry():
@@ -110,7 +116,7 @@ def keras_hub_registry():
         registry[name] = {
             "metadata": {
                 "description": info.get("description", ""),
-                "params": info.get("parameter_count"),
+                "params": _parameter_count(directory, info) if "parameter_count" in info else None,
                 "path": "transformer",
             },
             "kaggle_handle": directory,

@@ -332,7 +332,8 @@ class TransformerSeq2SeqLM(PresetIO, keras_hub.models.Seq2SeqLM):
                 together with it: each step ranks tokens by the models' mean
                 probability (`keras_transformer.decoding.Ensemble`). None
                 (the default): the `ensemble_members` of the ensemble preset
-                the model came from, if any; `[]`: this model alone.
+                the model came from, if any (keras-hub samplers: none);
+                `[]`: this model alone.
 
         Returns:
             For string inputs, strings; for token ids, lists of ids. With
@@ -347,12 +348,10 @@ class TransformerSeq2SeqLM(PresetIO, keras_hub.models.Seq2SeqLM):
                 "keras_hub.samplers.Sampler instance."
             )
         if ensemble is None:
-            ensemble = self.ensemble_members
+            # keras-hub's samplers decode one model: an ensemble preset's first.
+            ensemble = [] if keras_hub_sampler else self.ensemble_members
         if keras_hub_sampler and (num_results > 1 or return_scores or ensemble):
-            raise ValueError(
-                "keras-hub samplers give no scores, n-best lists or ensembles; use sampler='beam'"
-                + (", or ensemble=[] to decode with this model alone." if ensemble else ".")
-            )
+            raise ValueError("keras-hub samplers give no scores, n-best lists or ensembles; use sampler='beam'.")
         if batch_size < 1:
             raise ValueError(f"batch_size must be at least 1, got {batch_size}.")
         check_alpha(alpha)
@@ -437,6 +436,12 @@ class TransformerSeq2SeqLM(PresetIO, keras_hub.models.Seq2SeqLM):
         ```
         """
         models = list(models)
+        nested = [i for i, model in enumerate(models) if getattr(model, "ensemble_members", None)]
+        if nested:
+            raise ValueError(
+                f"Ensemble member {nested[0]} has ensemble members of its own; pass its models one by one: "
+                "`[*others, member, *member.ensemble_members]`."
+            )
         if models:
             Ensemble([self, *models])  # refuses models of another vocabulary
         # Set past Keras' and PyTorch's attribute tracking: the members'
@@ -444,9 +449,12 @@ class TransformerSeq2SeqLM(PresetIO, keras_hub.models.Seq2SeqLM):
         object.__setattr__(self, "_ensemble_members", tuple(models))
 
     @classmethod
-    def from_preset(cls, preset, *args, **kwargs):
+    def from_preset(cls, preset, *args, load_ensemble=True, **kwargs):
+        """Loads a preset (see `keras_transformer.presets`); of an ensemble
+        preset, also its further models into `ensemble_members`, unless
+        `load_ensemble=False` (its first model alone)."""
         model = super().from_preset(preset, *args, **kwargs)
-        if isinstance(model, TransformerSeq2SeqLM):
+        if isinstance(model, TransformerSeq2SeqLM) and load_ensemble:
             members = ensembles.load_members(
                 model, preset, load_weights=kwargs.get("load_weights", True), dtype=kwargs.get("dtype")
             )
@@ -455,6 +463,9 @@ class TransformerSeq2SeqLM(PresetIO, keras_hub.models.Seq2SeqLM):
 
     def save_to_preset(self, preset_dir, *args, metadata=None, **kwargs):
         members = self.ensemble_members
+        # The list of members is the save's to write (metadata copied from
+        # an ensemble preset must not list members this save lacks).
+        metadata = {key: value for key, value in (metadata or {}).items() if key != ENSEMBLE_KEY} or None
         if not members:
             return super().save_to_preset(preset_dir, *args, metadata=metadata, **kwargs)
         # One save: the members are written into the same staging directory,
