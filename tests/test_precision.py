@@ -43,7 +43,7 @@ def test_int8_model_translates_like_float32_and_saves_as_int8(tmp_path):
         "A woman in a red coat is walking down the street.",
         "Children are playing soccer on a field.",
     ]
-    model = TransformerSeq2SeqLM.from_preset(PRESET)
+    model = TransformerSeq2SeqLM.from_preset(PRESET, load_ensemble=False)  # one model, quantized
     expected = model.generate(sentences, sampler="greedy")
     model.quantize("int8")
     kernels = [v for v in model.backbone.weights if v.path.endswith(("kernel", "embeddings"))]
