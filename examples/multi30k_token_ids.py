@@ -398,20 +398,12 @@ def to_preset(args):
     the sizes of the model the weights are of; the metadata's `training`
     block from the `NAME.json` that `train` wrote beside them, if it is
     there."""
-    from keras_transformer.models import TransformerBackbone
     from keras_transformer.models import TransformerSeq2SeqLM
 
     if os.path.exists(args.output_dir) and os.listdir(args.output_dir):
         raise SystemExit(f"{args.output_dir} is not empty: choose another --output-dir.")
-    template = TransformerSeq2SeqLM.from_preset(args.preset, load_weights=False)
-    config = {**template.backbone.get_config(), **_weights_architecture(args.weights)}
-    model = TransformerSeq2SeqLM(TransformerBackbone.from_config(config), preprocessor=template.preprocessor)
-    values = _load_weights(args.weights)
-    shapes = [tuple(w.shape) for w in model.backbone.weights]
-    if [v.shape for v in values] != shapes:
-        raise SystemExit(f"{args.weights} does not hold the weights of a model of its recorded sizes "
-                         f"on {args.preset}'s vocabulary.")
-    model.backbone.set_weights([v.astype(w.dtype) for v, w in zip(values, model.backbone.weights)])
+    template = TransformerSeq2SeqLM.from_preset(args.preset, load_weights=False, load_ensemble=False)
+    model = _task_with_weights(template, args.weights)
     metadata = {}
     result = _read_record(args.weights)
     if result:
@@ -430,6 +422,23 @@ def to_preset(args):
         }
     model.save_to_preset(args.output_dir, metadata=metadata)
     print(f"Wrote {args.output_dir}")
+
+
+def _task_with_weights(template, weights):
+    """A task with `template`'s preprocessor and settings (its dtype too),
+    of the sizes and with the weights in `weights` (an .npz `train` wrote
+    or a preset)."""
+    from keras_transformer.models import TransformerBackbone
+    from keras_transformer.models import TransformerSeq2SeqLM
+
+    config = {**template.backbone.get_config(), **_weights_architecture(weights)}
+    model = TransformerSeq2SeqLM(TransformerBackbone.from_config(config), preprocessor=template.preprocessor)
+    values = _load_weights(weights)
+    if [v.shape for v in values] != [tuple(w.shape) for w in model.backbone.weights]:
+        raise SystemExit(f"{weights} does not hold the weights of a model of its recorded sizes on the "
+                         "preset's vocabulary.")
+    model.backbone.set_weights([v.astype(w.dtype) for v, w in zip(values, model.backbone.weights)])
+    return model
 
 
 def _train_command(record):
@@ -457,7 +466,6 @@ def ensemble_preset(args):
     import keras
 
     from keras_transformer.metrics import evaluate_translation
-    from keras_transformer.models import TransformerBackbone
     from keras_transformer.models import TransformerSeq2SeqLM
     from keras_transformer.presets import preset_metadata
 
@@ -470,16 +478,10 @@ def ensemble_preset(args):
         raise SystemExit(f"The members must be records of one pair, each with its NAME.json; got pairs {pairs}.")
     pair = pairs.pop()
     source, target = pair.split("-")
-    template = TransformerSeq2SeqLM.from_preset(args.preset, load_weights=False, dtype="float16")
-    models = []
-    for paths in stages:
-        config = {**template.backbone.get_config(), **_weights_architecture(paths[-1])}
-        model = TransformerSeq2SeqLM(TransformerBackbone.from_config(config), preprocessor=template.preprocessor)
-        values = _load_weights(paths[-1])
-        if [v.shape for v in values] != [tuple(w.shape) for w in model.backbone.weights]:
-            raise SystemExit(f"{paths[-1]} does not hold the weights its record describes.")
-        model.backbone.set_weights([v.astype("float16") for v in values])
-        models.append(model)
+    template = TransformerSeq2SeqLM.from_preset(
+        args.preset, load_weights=False, load_ensemble=False, dtype="float16"
+    )
+    models = [_task_with_weights(template, paths[-1]) for paths in stages]
     models[0].set_ensemble_members(models[1:])
     template_metadata = preset_metadata(args.preset)
     names = {"en": "English", "de": "German"}
