@@ -5,6 +5,7 @@ import json
 import os
 
 from keras_transformer.presets.layout import CONFIG_FILE
+from keras_transformer.presets.layout import ENSEMBLE_KEY
 from keras_transformer.presets.layout import METADATA_FILE
 from keras_transformer.presets.layout import PRESETS_DIR
 
@@ -99,8 +100,10 @@ def list_presets():
 
 def _parameter_count(directory, metadata):
     """The parameters of a preset's model, and of an ensemble preset's
-    further models (presets/ensembles.py) with them."""
-    members = [read_metadata(os.path.join(directory, path)) for path in metadata.get("ensemble") or ()]
+    further models (presets/ensembles.py) with them; None if unrecorded."""
+    if "parameter_count" not in metadata:
+        return None
+    members = [read_metadata(os.path.join(directory, path)) for path in metadata.get(ENSEMBLE_KEY) or ()]
     return metadata["parameter_count"] + sum(member.get("parameter_count", 0) for member in members)
 
 
@@ -116,7 +119,7 @@ def keras_hub_registry():
         registry[name] = {
             "metadata": {
                 "description": info.get("description", ""),
-                "params": _parameter_count(directory, info) if "parameter_count" in info else None,
+                "params": _parameter_count(directory, info),
                 "path": "transformer",
             },
             "kaggle_handle": directory,

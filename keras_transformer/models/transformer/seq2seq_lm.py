@@ -455,10 +455,9 @@ class TransformerSeq2SeqLM(PresetIO, keras_hub.models.Seq2SeqLM):
         `load_ensemble=False` (its first model alone)."""
         model = super().from_preset(preset, *args, **kwargs)
         if isinstance(model, TransformerSeq2SeqLM) and load_ensemble:
-            members = ensembles.load_members(
+            model.set_ensemble_members(ensembles.load_members(
                 model, preset, load_weights=kwargs.get("load_weights", True), dtype=kwargs.get("dtype")
-            )
-            object.__setattr__(model, "_ensemble_members", tuple(members))
+            ))
         return model
 
     def save_to_preset(self, preset_dir, *args, metadata=None, **kwargs):
