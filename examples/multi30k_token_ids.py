@@ -22,10 +22,10 @@ preset's vocabulary, and prints the averaged model's lowercased sacreBLEU
 on val, test_2016_flickr and test_2017_flickr (beam 4, alpha 0.6), which
 it also writes beside the weights (`NAME.json`). `--seconds` stops it
 earlier, after the last epoch that fits, leaving time to score.
-`--init-weights` starts it from a preset or earlier weights instead of at
-random, and `--distilled` adds a teacher's translations of the training
-sources (`distill`) to the references, or puts them in their place
-(`--distilled-only`).
+`--init-weights` starts it from a preset (an ensemble preset's first
+model) or earlier weights instead of at random, and `--distilled` adds a
+teacher's translations of the training sources (`distill`) to the
+references, or puts them in their place (`--distilled-only`).
 
 `--num-layers`, `--d-model`, `--d-ff` and `--num-heads` train another size
 than `small`, `--peak-learning-rate` scales the schedule to peak at that
@@ -172,7 +172,8 @@ def train(args):
               "max_tokens": args.max_tokens, "warmup_steps": args.warmup_steps,
               "peak_learning_rate": args.peak_learning_rate, "epochs": len(average.epoch_seconds),
               "initial_step": args.initial_step,
-              "steps": args.initial_step + len(average.epoch_seconds) * len(batches), "averaged_epochs": len(average.kept),
+              "steps": args.initial_step + len(average.epoch_seconds) * len(batches),
+              "averaged_epochs": len(average.kept),
               "seconds_an_epoch": round(float(np.median(average.epoch_seconds)), 2), "hardware": _hardware(),
               "initial_weights": bool(args.init_weights), "distilled_pairs": distilled,
               "distilled_only": bool(args.distilled and args.distilled_only)}
@@ -291,11 +292,27 @@ def _model(data, dropout=0.0, weights=None, architecture=None):
     return model
 
 
+def _models_of(paths):
+    """`paths` with each ensemble preset among them (a preset name or
+    directory) followed by the directories of its other models, which are
+    backbone presets."""
+    from keras_transformer.presets.ensembles import member_paths
+    from keras_transformer.presets.registry import resolve
+
+    expanded = []
+    for path in paths:
+        expanded.append(path)
+        if not path.endswith(".npz"):
+            expanded += [os.path.join(resolve(path), member) for member in member_paths(path)]
+    return expanded
+
+
 def _ensemble(data, paths):
-    """The model at `paths[0]`, or the ensemble of all of them."""
+    """The model at `paths[0]`, or the ensemble of all of them; an
+    ensemble preset among them counts as all its models."""
     from keras_transformer.decoding.ensemble import Ensemble
 
-    models = [_model(data, weights=path) for path in paths]
+    models = [_model(data, weights=path) for path in _models_of(paths)]
     return models[0] if len(models) == 1 else Ensemble(models)
 
 
@@ -675,7 +692,7 @@ def score(args):
     """Lowercased sacreBLEU of a model or an ensemble on val,
     test_2016_flickr and test_2017_flickr: added to a model's record, or
     written to `--output` (which an ensemble needs)."""
-    if len(args.weights) > 1 and not args.output:
+    if len(_models_of(args.weights)) > 1 and not args.output:
         raise SystemExit("Scores of an ensemble need --output (a .json to write): no model's record is theirs.")
     data = TokenIds(args.token_ids)
     if args.output:
@@ -732,14 +749,17 @@ def main():
     p.add_argument("--keep-checkpoints", type=int, default=5, help="how many last epochs to average")
     p.add_argument("--limit", type=int, help="train on the first N pairs only (a smoke test)")
     p.add_argument("--score-limit", type=int, help="score the first N sentences of each split only")
-    p.add_argument("--init-weights", help="start from this model (a preset, or an .npz `train` wrote), not at random")
+    p.add_argument("--init-weights",
+                   help="start from this model (a preset: an ensemble's first model; or an .npz `train` wrote), "
+                        "not at random")
     p.add_argument("--distilled", help="also train on these translations of the training sources (`distill`)")
     p.add_argument("--distilled-only", action="store_true", help="train on --distilled alone, not the references")
     p.add_argument("--output", required=True, help="the .npz of float16 weights to write")
     p = steps.add_parser("distill", help="score an ensemble and translate the training sources with it")
     p.add_argument("--token-ids", required=True, help="the .npz `prepare` wrote")
     p.add_argument("--pair", choices=("en-de", "de-en"), default="en-de")
-    p.add_argument("--weights", nargs="+", required=True, help="the models (presets, or .npz files `train` wrote)")
+    p.add_argument("--weights", nargs="+", required=True,
+                   help="the models (presets, an ensemble preset with all its models, or .npz files `train` wrote)")
     p.add_argument("--batch-size", type=int, default=200, help="sources translated together")
     p.add_argument("--seconds", type=float, help="stop translating after this many seconds")
     p.add_argument("--limit", type=int, help="translate the first N training sources only (0: score only)")
@@ -748,7 +768,8 @@ def main():
     p = steps.add_parser("score", help="score a model or an ensemble; the scores go beside the first model")
     p.add_argument("--token-ids", required=True, help="the .npz `prepare` wrote")
     p.add_argument("--pair", choices=("en-de", "de-en"), default="en-de")
-    p.add_argument("--weights", nargs="+", required=True, help="the models (presets, or .npz files `train` wrote)")
+    p.add_argument("--weights", nargs="+", required=True,
+                   help="the models (presets, an ensemble preset with all its models, or .npz files `train` wrote)")
     p.add_argument("--limit", type=int, help="ignored (the pipeline passes it to every step)")
     p.add_argument("--score-limit", type=int, help="score the first N sentences of each split only")
     p.add_argument("--output", help="the .json to write (default: the model's record, NAME.json beside NAME.npz)")

@@ -5,6 +5,8 @@ import importlib.util
 import json
 import os
 
+from helpers import once
+
 EXAMPLES = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples")
 
 
@@ -275,3 +277,98 @@ def test_sizes_beside_a_runs_weights_and_a_step_without_them_are_refused():
         token_ids_example._architecture(args)
     args.initial_step = 0
     assert token_ids_example._architecture(args) == {"num_layers": 3, "d_model": 128, "d_ff": 1024, "num_heads": 4}
+
+
+@once
+def test_an_ensemble_preset_holds_each_members_weights_stages_and_the_scores_of_the_weights_as_saved(
+    tmp_path, monkeypatch
+):
+    import numpy as np
+    import pytest
+
+    from keras_transformer.metrics import evaluate_translation
+    from keras_transformer.models import TransformerBackbone
+    from keras_transformer.models import TransformerSeq2SeqLM
+
+    token_ids_example = _load_example("multi30k_token_ids")
+    template = TransformerBackbone.from_preset("transformer_multi30k_en_de", load_weights=False)
+    sources = ["Ein Hund rennt.", "Zwei Männer spielen Fußball im Park.", "Eine Frau liest."]
+    references = ["A dog runs.", "Two men play soccer in the park.", "A woman reads."]
+
+    class Texts:  # the test splits `prepare` would have written
+        def __init__(self, path):
+            pass
+
+        def texts(self, split, language):
+            return (sources if language == "de" else references) + ["not scored"]
+
+    monkeypatch.setattr(token_ids_example, "TokenIds", Texts)
+    members, weights = [], []
+    for seed, sizes in enumerate(({"num_layers": 1, "d_model": 32, "d_ff": 48, "num_heads": 2},
+                                  {"num_layers": 2, "d_model": 16, "d_ff": 32, "num_heads": 2})):
+        backbone = TransformerBackbone.from_config({**template.get_config(), **sizes})
+        rng = np.random.default_rng(seed)
+        values = [rng.normal(scale=0.3, size=w.shape).astype("float16") for w in backbone.weights]
+        stages = []
+        for stage in ("first", "continued"):  # the second stage goes on from the first's weights
+            path = tmp_path / f"{seed}-{stage}.npz"
+            np.savez(path, *values)
+            record = {"pair": "de-en", "seed": seed, "architecture": sizes, "epochs": 5, "steps": 100,
+                      "averaged_epochs": 2, "hardware": "test", "val": 10.0 + seed}
+            if stage == "continued":
+                record.update(initial_weights=stages[0], initial_step=100, steps=150, val=11.0 + seed)
+            (tmp_path / f"{seed}-{stage}.json").write_text(json.dumps(record))
+            stages.append(str(path))
+        members.append(",".join(stages))
+        weights.append(values)
+    args = argparse.Namespace(token_ids="pairs.npz", members=members, preset="transformer_multi30k_en_de",
+                              limit=3, output_dir=str(tmp_path / "ensemble"))
+    token_ids_example.ensemble_preset(args)
+
+    model = TransformerSeq2SeqLM.from_preset(args.output_dir)
+    assert len(model.ensemble_members) == 1
+    loaded_models = [model, *model.ensemble_members]
+    assert [(m.backbone.num_layers, m.backbone.d_model) for m in loaded_models] == [(1, 32), (2, 16)]
+    for loaded, values in zip(loaded_models, weights):
+        for got, saved in zip(loaded.backbone.get_weights(), values):
+            np.testing.assert_array_equal(got, saved.astype(got.dtype))
+    metadata = json.loads((tmp_path / "ensemble" / "metadata.json").read_text())
+    assert metadata["languages"] == {"source": "de", "target": "en"}
+    assert metadata["scored_sentences"] == 3
+    first_member = metadata["training"]["members"][0]["stages"]
+    assert [stage["steps"] for stage in first_member] == [100, 150]
+    assert "--num-layers 1 --d-model 32" in first_member[0]["command"]
+    assert "--init-weights PREVIOUS_STAGE.npz --initial-step 100" in first_member[1]["command"]
+    # The scores are those of the preset as loaded, decoded with both models.
+    result = evaluate_translation(model, sources, references, batch_size=64, beam_size=4, alpha=0.6)
+    assert metadata["scores"]["test_2016_flickr"]["bleu"] == pytest.approx(result["bleu"])
+    assert metadata["scores"]["test_2016_flickr"]["bleu_lowercase"] == pytest.approx(result["bleu_lowercase"])
+
+    # A second run into the same directory, or members of two pairs, are refused; the preset stays.
+    with pytest.raises(SystemExit, match="not empty"):
+        token_ids_example.ensemble_preset(args)
+    record = json.loads((tmp_path / "1-continued.json").read_text())
+    (tmp_path / "1-continued.json").write_text(json.dumps({**record, "pair": "en-de"}))
+    args.output_dir = str(tmp_path / "mixed")
+    with pytest.raises(SystemExit, match="one pair"):
+        token_ids_example.ensemble_preset(args)
+    assert not os.path.exists(args.output_dir)
+    assert TransformerSeq2SeqLM.from_preset(str(tmp_path / "ensemble")).ensemble_members
+
+
+def test_an_ensemble_preset_among_the_weights_scored_or_distilled_counts_as_all_its_models(tmp_path):
+    import pytest
+
+    from keras_transformer.presets.ensembles import member_paths
+
+    token_ids_example = _load_example("multi30k_token_ids")
+    models = token_ids_example._models_of(["run.npz", "transformer_multi30k_en_de"])
+    assert len(models) == 2 + len(member_paths("transformer_multi30k_en_de")) and len(models) > 2
+    assert models[:2] == ["run.npz", "transformer_multi30k_en_de"]
+    # Each further model is a backbone preset whose sizes the example reads.
+    assert {token_ids_example._weights_architecture(path)["d_model"] for path in models[2:]} == {128}
+    # An ensemble preset's scores are no model's record.
+    args = argparse.Namespace(token_ids="pairs.npz", pair="en-de", weights=["transformer_multi30k_en_de"],
+                              score_limit=None, output=None)
+    with pytest.raises(SystemExit, match="--output"):
+        token_ids_example.score(args)
