@@ -3,16 +3,17 @@
 The preset is written out with `keras_transformer.convert.export_marian`,
 converted by CTranslate2's own `TransformersConverter` (what
 `ct2-transformers-converter` runs) in float32 and int8, and both engines
-(this package in float32, with int8 weights and in bfloat16)
-translate the same Multi30k test_2016_flickr sources with beam 4 and the
-same ranking: log P / |Y|^0.6 (this package's `length_penalty="length"`,
-CTranslate2's `length_penalty=0.6`), at most source length + 50 tokens,
-each from text to text with the preset's tokenizer (CTranslate2 takes and
-gives tokens: the timed call tokenizes and detokenizes for it as
-`generate` does for this package). Sentences per second at batch 1 and batch 64 (a second pass, after a pass
-that compiles or warms up), BLEU (sacreBLEU, cased) of the batch-64 pass.
-CTranslate2 runs with as many threads as the machine has cores; this package
-runs on each Keras backend in its own process.
+(this package in float32, with int8 weights and in bfloat16, and an
+ensemble preset's every model together in float32) translate the same
+Multi30k test_2016_flickr sources with beam 4 and the same ranking:
+log P / |Y|^0.6 (this package's `length_penalty="length"`, CTranslate2's
+`length_penalty=0.6`), at most source length + 50 tokens, each from text
+to text with the preset's tokenizer (CTranslate2 takes and gives tokens:
+the timed call tokenizes and detokenizes for it as `generate` does for
+this package). Sentences per second at batch 1 and batch 64 (a second
+pass, after a pass that compiles or warms up), BLEU (sacreBLEU, cased) of
+the batch-64 pass. CTranslate2 runs with as many threads as the machine
+has cores; this package runs on each Keras backend in its own process.
 """
 
 import json
@@ -26,13 +27,14 @@ import time
 ALPHA, BEAM, OFFSET = 0.6, 4, 50
 
 
-def _sources(preset, data_dir, count):
+def _sources(preset, data_dir, count, ensemble=False):
     from keras_transformer.datasets import multi30k
     from keras_transformer.models import TransformerSeq2SeqLM
 
     model = TransformerSeq2SeqLM.from_preset(preset)
-    # An ensemble preset's first model alone: the model the peers hold.
-    model.set_ensemble_members([])
+    if not ensemble:
+        # An ensemble preset's first model alone: the model the peers hold.
+        model.set_ensemble_members([])
     sources, references = multi30k.load("test_2016_flickr", "en", "de", data_dir=data_dir)
     return model, sources[:count], references[:count]
 
@@ -56,8 +58,11 @@ def ours_worker(preset, data_dir, batch1, batch64):
     from keras_transformer.models import TransformerSeq2SeqLM
 
     rows = []
-    for dtype in ("float32", "int8", "bfloat16"):
-        model, sources, references = _sources(preset, data_dir, max(batch1, batch64))
+    # An ensemble preset's every model (what `generate` decodes with by
+    # default; CTranslate2 holds one model) as a further float32 row.
+    members = len(TransformerSeq2SeqLM.from_preset(preset, load_weights=False).ensemble_members)
+    for dtype in ("float32", "int8", "bfloat16") + ((f"float32, {1 + members} models",) if members else ()):
+        model, sources, references = _sources(preset, data_dir, max(batch1, batch64), ensemble="models" in dtype)
         if dtype == "int8":
             model.quantize("int8")
         elif dtype == "bfloat16":

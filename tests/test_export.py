@@ -150,9 +150,9 @@ def test_export_never_overwrites_or_leaves_half_an_export(tmp_path):
     assert os.listdir(notes) == ["keep.txt"] and sorted(os.listdir(tmp_path)) == ["broken", "earlier", "notes"]
 
 
-@pytest.mark.skipif(
-    keras.config.backend() != "tensorflow", reason="the export's TensorFlow process runs in TensorFlow's run"
-)
+# The export runs in TensorFlow, in PyTorch's run in a TensorFlow process;
+# PyTorch's int8 decoding is the cheapest to compare it with.
+@pytest.mark.skipif(keras.config.backend() != "torch", reason="runs in PyTorch's run")
 def test_overwrite_replaces_an_export_with_a_complete_new_one(exported, texts):
     # Here through `export --quantize int8 --beam-size 1 --overwrite`, the
     # preset loaded and quantized (Keras's int8). Its variables take less
