@@ -20,6 +20,11 @@ import types
 from keras import ops
 
 
+# The smallest mean probability kept: float32's normal range, so that a
+# token that no model gives any probability ranks last but is not -inf.
+_TINY = 1e-37
+
+
 class Ensemble:
     """Translation models decoded together, averaging their probabilities.
 
@@ -80,15 +85,24 @@ class Ensemble:
     def call_decoder_with_cache(self, token_ids, index, cache, encoder_padding_mask):
         """One step of every model; returns `(log P, cache)`, with log P
         `(batch, vocabulary_size)` the log of the models' mean probability."""
-        log_probs, new_cache, start = [], [], 0
+        # The models' probabilities summed, then one logarithm: the log of
+        # the mean of their log-softmaxes (logsumexp) cost a second pass of
+        # exponentials over every model's (rows, vocabulary_size) values,
+        # which XLA repeats in each op it fuses them into. 256 test_2016
+        # sentences, 64 at a time, the shipped en-de preset's three models,
+        # 2-core CPU: JAX 25-27 -> 45-50 sentences/s, TensorFlow 34 -> 42,
+        # PyTorch alike (25-34 either way); the same translations, scores
+        # within 1e-6.
+        total, new_cache, start = None, [], 0
         for model, count in zip(self.models, self._layer_counts):
             logits, model_cache = model.call_decoder_with_cache(
                 token_ids, index, cache[start : start + count], encoder_padding_mask
             )
-            log_probs.append(ops.log_softmax(ops.cast(logits, "float32"), axis=-1))
+            probabilities = ops.softmax(ops.cast(logits, "float32"), axis=-1)
+            total = probabilities if total is None else total + probabilities
             new_cache.extend(model_cache)
             start += count
-        mean = ops.logsumexp(ops.stack(log_probs), axis=0) - math.log(len(self.models))
+        mean = ops.log(ops.maximum(total, _TINY)) - math.log(len(self.models))
         return mean, new_cache
 
 
