@@ -56,13 +56,16 @@ def ours_worker(preset, data_dir, batch1, batch64):
     import sacrebleu
 
     from keras_transformer.models import TransformerSeq2SeqLM
+    from keras_transformer.presets.ensembles import member_paths
 
     rows = []
     # An ensemble preset's every model (what `generate` decodes with by
     # default; CTranslate2 holds one model) as a further float32 row.
-    members = len(TransformerSeq2SeqLM.from_preset(preset, load_weights=False).ensemble_members)
-    for dtype in ("float32", "int8", "bfloat16") + ((f"float32, {1 + members} models",) if members else ()):
-        model, sources, references = _sources(preset, data_dir, max(batch1, batch64), ensemble="models" in dtype)
+    members = len(member_paths(preset))
+    runs = [("float32", False), ("int8", False), ("bfloat16", False)]
+    runs += [(f"float32, {1 + members} models", True)] if members else []
+    for dtype, ensemble in runs:
+        model, sources, references = _sources(preset, data_dir, max(batch1, batch64), ensemble=ensemble)
         if dtype == "int8":
             model.quantize("int8")
         elif dtype == "bfloat16":
