@@ -224,6 +224,87 @@ def test_beam_search_on_pytorch_calls_no_layer_through_keras(layer_calls, monkey
         np.testing.assert_allclose([score for _, score, _ in got], [score for _, score, _ in want], rtol=1e-6)
 
 
+only_torch = pytest.mark.skipif(keras.config.backend() != "torch", reason="the plain PyTorch step is PyTorch's")
+
+
+@only_torch
+@pytest.mark.parametrize(
+    "variant, plain",
+    [
+        ("float32", True),
+        ("pre_norm_and_value_dim", True),
+        ("learned_positions_and_bias", True),
+        ("bfloat16", True),
+        ("int8", False),
+        ("mixed_bfloat16", False),
+    ],
+)
+def test_decoding_steps_run_the_plain_pytorch_step_where_it_applies(variant, plain, monkeypatch):
+    """Inside `direct_calls()` a decoder layer's cached step is
+    `torch_decoding_step.decoding_step` (float weights computing in their
+    dtype), and Keras' calls otherwise; both give the logits of Keras'
+    `Layer.__call__` (`test_direct_calls_give_the_logits_of_keras_calls`
+    checks the numbers of every variant)."""
+    from keras_transformer.layers import decoder
+
+    model = _model(variant)
+    expected = _cached_steps(model)
+    steps = []
+    original = decoder.decoding_step
+    monkeypatch.setattr(decoder, "decoding_step", lambda *args: steps.append(args[3]) or original(*args))
+    with direct_calls():
+        direct = _cached_steps(model)
+    np.testing.assert_allclose(direct, expected, **_tolerance(variant))
+    # 2 layers, 3 steps: positions 0, 1, 2 in each.
+    assert sorted(steps) == ([0, 0, 1, 1, 2, 2] if plain else [])
+
+
+@only_torch
+def test_plain_pytorch_step_reads_weights_changed_after_it_ran():
+    """The step's matrices (the self-attention's three projections joined
+    into one, a copy) follow the layers' weights: written in place
+    (`assign`, `set_weights`), and with LoRA enabled on a projection (then
+    Keras' calls run)."""
+    model = _model("float32")
+    with direct_calls():
+        before = _cached_steps(model)
+    rng = np.random.default_rng(5)
+    layer = model.backbone.decoder_layers[0]
+    kernel = layer.self_attention.value_dense.kernel
+    kernel.assign(rng.normal(size=kernel.shape).astype("float32"))
+    weights = model.backbone.decoder_layers[1].get_weights()
+    model.backbone.decoder_layers[1].set_weights([w * 1.5 for w in weights])
+    expected = _cached_steps(model)
+    with direct_calls():
+        direct = _cached_steps(model)
+    assert np.abs(expected - before).max() > 0.1
+    np.testing.assert_allclose(direct, expected, rtol=1e-5, atol=1e-5)
+
+    layer.cross_attention.query_dense.enable_lora(2, b_initializer="random_normal")
+    expected = _cached_steps(model)
+    with direct_calls():
+        direct = _cached_steps(model)
+    assert np.abs(expected - before).max() > 0.1
+    np.testing.assert_allclose(direct, expected, rtol=1e-5, atol=1e-5)
+
+
+@only_torch
+def test_sinusoidal_rows_from_the_kept_table_are_the_layers_positions():
+    """Within `direct_calls()` the sinusoidal encoding reads its rows from a
+    table computed once (and grown past its length): the rows of keras-hub's
+    call at any start position."""
+    from keras_transformer.layers.position import SinusoidalPositionEncoding
+
+    layer = SinusoidalPositionEncoding()
+    x = keras.ops.zeros((2, 3, 16))
+    for start in (0, 62, 200, 5):
+        expected = to_numpy(layer(x, start_index=start))
+        with direct_calls():
+            direct = to_numpy(layer(x, start_index=start))
+        np.testing.assert_array_equal(direct, expected)
+    assert layer._torch_table.shape[0] >= 203
+
+
 def test_cache_writes_in_place_only_where_the_caller_owns_the_cache():
     """`write_cache` writes into the cache it is given only within both
     `in_place_cache_writes()` and `direct_calls()` on PyTorch; otherwise it

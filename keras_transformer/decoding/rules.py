@@ -145,6 +145,10 @@ def best_extensions(logits, log_probs, never_output, count):
     >>> ops.convert_to_numpy(indices).tolist()  # beam * 3 + token
     [[1, 5, 2]]
     """
+    import keras
+
+    if keras.config.backend() == "torch":
+        return _torch_best_extensions(logits, log_probs, never_output, count)
     log_probs = ops.convert_to_tensor(log_probs, "float32")
     batch, beams = ops.shape(log_probs)[0], ops.shape(log_probs)[1]
     logits = ops.cast(logits, "float32")
@@ -162,6 +166,44 @@ def best_extensions(logits, log_probs, never_output, count):
     values, order = ops.top_k(ops.reshape(candidates, (batch, beams * per_beam)), count)
     tokens = ops.take_along_axis(ops.reshape(tokens, (batch, beams * per_beam)), order, axis=1)
     return values, (order // per_beam) * vocabulary_size + tokens
+
+
+def _torch_best_extensions(logits, log_probs, never_output, count):
+    """`best_extensions` on PyTorch, the same steps in PyTorch's own calls:
+    PyTorch runs a decoding step eagerly, and for one sentence's beams the
+    dozen Keras ops of the other version (each converting and checking its
+    inputs) took as long as the decoder layers' arithmetic."""
+    import torch
+
+    logits = torch.as_tensor(logits)
+    log_probs = torch.as_tensor(log_probs, dtype=torch.float32, device=logits.device)
+    batch, beams = log_probs.shape
+    vocabulary_size = len(never_output)
+    bias, dropped = _torch_never_output(never_output, logits.device)
+    per_beam = min(count + dropped, vocabulary_size)
+    count = min(count, beams * per_beam)
+    best, tokens = _top_k_of_many(torch.log_softmax(logits.float(), dim=-1), per_beam)
+    candidates = (best + bias[tokens]).view(batch, beams, per_beam) + log_probs[:, :, None]
+    values, order = torch.topk(candidates.view(batch, beams * per_beam), count)
+    tokens = tokens.view(batch, beams * per_beam).gather(1, order)
+    return values, (order // per_beam) * vocabulary_size + tokens
+
+
+# The last never-output bias `_torch_never_output` converted: a search
+# passes the same array at every step.
+_never_output_held = [None, None]
+
+
+def _torch_never_output(never_output, device):
+    """`never_output` as a PyTorch tensor on `device`, and how many tokens
+    it forbids; converted once for the same array."""
+    import torch
+
+    array, held = _never_output_held
+    if array is not never_output or held[0].device != device:
+        held = (torch.as_tensor(never_output, device=device), int(np.isneginf(never_output).sum()))
+        _never_output_held[:] = [never_output, held]
+    return held
 
 
 def _best_log_probs(logits, k):

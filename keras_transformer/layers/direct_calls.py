@@ -40,9 +40,13 @@ weights go further: each is one PyTorch call (`linear`, with its bias in
 the same product, and `layer_norm`), not the few Keras ops of its `call`,
 each of which converts and checks its inputs. So is the attention kernel
 (`dot_product_attention`); `take_rows`, which reorders the caches to the
-beams' parents, is one `index_select` on PyTorch. These calls round
-differently from Keras' einsum and bias add (by about 1e-7 of a float32
-value). Models in mixed precision keep Keras' calls.
+beams' parents, is one `index_select` on PyTorch. So are the token
+embedding's lookup and output projection (`linear`, with the logits bias),
+and the sinusoidal encoding reads its rows from a table computed once. A
+decoder layer's cached step (one new position, no dropout) is plain
+PyTorch calls on its weights throughout (`torch_decoding_step`). These
+calls round differently from Keras' einsum and bias add (by about 1e-7 of a
+float32 value). Models in mixed precision keep Keras' calls.
 
 `in_place_cache_writes()` is the same kind of saving for the key/value
 cache: `keras.ops.slice_update` is functional, so on PyTorch it copies the
@@ -189,7 +193,8 @@ class DirectCall:
             # The caller passes the right dtypes.
             torch_call = _torch_call_of(self)
             if torch_call is not None:
-                kwargs.pop("training", None)  # (it changes nothing in these layers)
+                if not getattr(self, "_torch_call_takes_training", False):
+                    kwargs.pop("training", None)  # (it changes nothing in these layers)
                 return torch_call(*args, **kwargs)
             return call(*args, **kwargs)
         # Mixed precision: `Layer.__call__`'s input casts and scope (its

@@ -116,6 +116,24 @@ class SharedTokenEmbedding(DirectCall, keras.layers.ReversibleEmbedding):
         # `direct_calls`: the int8 output projection as one int8 product.
         return self.tie_weights and self.logit_soft_cap is None
 
+    def _torch_call(self, inputs, reverse=False):
+        # `direct_calls`, float weights: the lookup (scaled) and the output
+        # projection (with its bias) one PyTorch call each.
+        import torch
+        from torch.nn.functional import embedding
+        from torch.nn.functional import linear
+
+        embeddings = self._embeddings.value
+        if reverse and self.reverse_dtype is not None:
+            return self.call(inputs, reverse=True)
+        if reverse:
+            return linear(inputs, embeddings, None if self.logits_bias is None else self.logits_bias.value)
+        dtype = keras.backend.standardize_dtype(inputs.dtype)
+        if "int" not in dtype:
+            return self.call(inputs)  # (which raises the error for it)
+        outputs = embedding(torch.as_tensor(inputs, device=embeddings.device), embeddings)
+        return outputs * math.sqrt(self.output_dim) if self.scale_embeddings else outputs
+
     def _torch_int8_call(self, inputs, reverse=False):
         if not reverse:
             return self.quantized_call(inputs)

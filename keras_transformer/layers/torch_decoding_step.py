@@ -1,0 +1,237 @@
+"""A decoder layer's cached decoding step as plain PyTorch calls.
+
+Within `direct_calls()` on PyTorch every layer of a decoding step already
+runs its `call` directly, and the dense layers and LayerNorms are one
+PyTorch call each. What remained, between those calls, were the Keras ops
+of the decoder layer, its attention and its residual connections (reshapes,
+transposes, masks, casts), each of which converts and checks its inputs:
+at one sentence at a time (beam 4, the 4+4-layer presets), a decoding
+step spent about three times as long in them as in arithmetic.
+
+`decoding_step` is the decoder layer's step written with PyTorch's own
+functions on the layer's weights, for the case decoding runs: one new
+position a row, the self-attention's keys and values written into its
+cache, the encoder-decoder attention reading keys and values computed once
+per source, no dropout. The self-attention's three projections are one
+product (their matrices side by side), and the encoder padding mask is
+turned into an additive mask once per search, not once per step. The
+decoder layer calls it from `TransformerDecoderLayer._torch_call`, and
+runs its `call` for anything else (a prompt of several positions, masks
+of the target, attention weights asked for, training, quantized or LoRA
+sub-layers, mixed precision).
+
+It computes what `call` computes, in the same order, rounding differently
+only where a fused product does (about 1e-7 of a float32 value):
+`tests/test_direct_calls.py` checks both against each other.
+"""
+
+import math
+
+from keras.dtype_policies import DTypePolicyMap
+
+from keras_transformer.layers.direct_calls import _activated
+from keras_transformer.layers.direct_calls import _torch_call_of
+from keras_transformer.layers.direct_calls import write_cache
+
+
+class StepWeights:
+    """A decoder layer's weights, as the matrices `decoding_step` reads.
+
+    Held on the layer and made again when a weight is replaced or written
+    (PyTorch counts a tensor's in-place writes): the matrices are views of
+    the weights, except the self-attention's joined projection, a copy.
+    """
+
+    def __init__(self, layer):
+        import torch
+
+        attention, cross, feed_forward = layer.self_attention, layer.cross_attention, layer.feed_forward
+        with torch.no_grad():
+            joined = [attention.query_dense, attention.key_dense, attention.value_dense]
+            self.sizes = [dense._kernel_matrix().shape[1] for dense in joined]
+            self.self_projection = torch.cat([dense._kernel_matrix() for dense in joined], dim=1).t().contiguous()
+            self.self_projection_bias = _joined_bias(joined)
+            self.self_output, self.self_output_bias = _matrix(attention.output_dense)
+            self.cross_query, self.cross_query_bias = _matrix(cross.query_dense)
+            self.cross_output, self.cross_output_bias = _matrix(cross.output_dense)
+            self.inner, self.inner_bias = _matrix(feed_forward.inner_dense)
+            self.outer, self.outer_bias = _matrix(feed_forward.output_dense)
+            self.norms = [
+                (norm.gamma.value, norm.beta.value, norm.epsilon)
+                for norm in (layer.self_attention_norm, layer.cross_attention_norm, layer.feed_forward_norm)
+            ]
+        self.inner_dense = feed_forward.inner_dense  # its activation
+        self.num_heads = attention.num_heads
+        self.normalize_first = layer.normalize_first
+
+
+def _matrix(dense):
+    """A dense layer's `(weight, bias)` as `torch.nn.functional.linear`
+    takes them: `(outputs, inputs)` and `(outputs,)` or None."""
+    if hasattr(dense, "_kernel_matrix"):  # EinsumDense
+        kernel = dense._kernel_matrix()
+    else:
+        kernel = dense._kernel.value
+    bias = None if dense.bias is None else dense.bias.value.flatten()
+    return kernel.t(), bias
+
+
+def _joined_bias(denses):
+    import torch
+
+    if any(dense.bias is None for dense in denses):
+        if all(dense.bias is None for dense in denses):
+            return None
+        return torch.cat(
+            [
+                dense.bias.value.flatten() if dense.bias is not None
+                else dense._kernel.value.new_zeros(dense._kernel_matrix().shape[1])
+                for dense in denses
+            ]
+        )
+    return torch.cat([dense.bias.value.flatten() for dense in denses])
+
+
+def step_weights(layer):
+    """`layer`'s `StepWeights`, current with its weights; None where a
+    sub-layer has no plain PyTorch call (quantized, LoRA, or a structure
+    `direct_calls` does not reduce to a product).
+
+    What it checks at every step is kept short (a step of one sentence's
+    beams takes well under a millisecond a layer): that no sub-layer's
+    dtype policy was replaced (quantization replaces it) or LoRA enabled,
+    and that no weight was replaced or written to since the matrices were
+    made.
+    """
+    held = layer.__dict__.get("_torch_step_weights")
+    if held is not None:
+        sublayers, variables, weights = held
+        if all(_still_plain(sublayer, policy) for sublayer, policy in sublayers) and all(v._value is value and value._version == count for v, value, count in variables):
+            return weights
+    attention, cross, feed_forward = layer.self_attention, layer.cross_attention, layer.feed_forward
+    sublayers = (
+        attention.query_dense, attention.key_dense, attention.value_dense, attention.output_dense,
+        cross.query_dense, cross.output_dense, feed_forward.inner_dense, feed_forward.output_dense,
+        layer.self_attention_norm, layer.cross_attention_norm, layer.feed_forward_norm,
+    )
+    if any(sublayer.quantization_mode is not None or _torch_call_of(sublayer) is None for sublayer in sublayers):
+        return None
+    weights = StepWeights(layer)
+    variables = [(v, v._value, v._value._version) for sublayer in sublayers for v in sublayer.weights]
+    # Tracked attributes would be saved: set it past Keras' tracker.
+    object.__setattr__(
+        layer, "_torch_step_weights",
+        ([(sublayer, sublayer._dtype_policy) for sublayer in sublayers], variables, weights),
+    )
+    return weights
+
+
+def _still_plain(sublayer, policy):
+    """Whether a sub-layer is still neither quantized nor with LoRA, checked
+    fast: quantizing a layer replaces its dtype policy, unless the policy is
+    a `DTypePolicyMap` (one object for every layer), where the layer's
+    `quantization_mode` is read."""
+    if getattr(sublayer, "lora_enabled", False):
+        return False
+    current = sublayer._dtype_policy
+    if current is policy and not isinstance(current, DTypePolicyMap):
+        return True
+    return sublayer.quantization_mode is None
+
+
+def _additive_mask(layer, padding_mask, dtype):
+    """The `(sources, 1, 1, source_length)` additive mask of an encoder
+    padding mask (Keras' large negative where it is false, as
+    `direct_calls.dot_product_attention` gives it), kept on `layer` while
+    the same mask comes back (a search passes one mask to every step)."""
+    import torch
+
+    held = layer.__dict__.get("_torch_step_mask")
+    version = getattr(padding_mask, "_version", None)
+    if held is not None and held[0] is padding_mask and held[1] == version and held[2].dtype == dtype:
+        return held[2]
+    allowed = torch.as_tensor(padding_mask).to(torch.bool)[:, None, None, :]
+    largest = 65500.0 if dtype == torch.float16 else 3.38953e38
+    mask = torch.zeros(allowed.shape, dtype=dtype).masked_fill_(~allowed, -0.7 * largest)
+    object.__setattr__(layer, "_torch_step_mask", (padding_mask, version, mask))
+    return mask
+
+
+def decoding_step(layer, weights, x, index, self_attention_cache, cross_attention_cache, encoder_padding_mask):
+    """One position of `layer` (a `TransformerDecoderLayer`), as its
+    `call` with these arguments and no dropout.
+
+    Args:
+        layer: the decoder layer.
+        weights: its `step_weights`.
+        x: `(rows, 1, d_model)`.
+        index: the position, an int.
+        self_attention_cache: `(keys, values)`, `(rows, heads, length, d)`.
+        cross_attention_cache: `(keys, values)`, `(sources, heads,
+            source_length, d)`, a row a source for `rows / sources`
+            consecutive rows of `x`.
+        encoder_padding_mask: `(sources, source_length)` or None.
+
+    Returns:
+        `(output, (keys, values))`, as `call` returns them.
+    """
+    from torch.nn.functional import layer_norm
+    from torch.nn.functional import linear
+    from torch.nn.functional import scaled_dot_product_attention
+
+    rows, heads = x.shape[0], weights.num_heads
+    written = {}
+
+    def residual(x, sublayer, norm):
+        gamma, beta, epsilon = norm
+        if weights.normalize_first:
+            return x + sublayer(layer_norm(x, x.shape[-1:], gamma, beta, epsilon))
+        return layer_norm(x + sublayer(x), x.shape[-1:], gamma, beta, epsilon)
+
+    def self_attention(x):
+        query, key, value = (
+            part.view(rows, 1, heads, -1).transpose(1, 2)
+            for part in linear(x, weights.self_projection, weights.self_projection_bias).split(weights.sizes, -1)
+        )
+        start = [0, 0, index, 0]
+        keys = write_cache(self_attention_cache[0], start, key)
+        values = write_cache(self_attention_cache[1], start, value)
+        written["cache"] = (keys, values)
+        # One query at the last written position sees every written key.
+        attended = scaled_dot_product_attention(query, keys[:, :, : index + 1], values[:, :, : index + 1])
+        return linear(attended.transpose(1, 2).reshape(rows, 1, -1), weights.self_output, weights.self_output_bias)
+
+    def cross_attention(x):
+        keys, values = cross_attention_cache
+        sources = keys.shape[0]
+        # A source's beams attend as its row's consecutive query positions.
+        query = linear(x, weights.cross_query, weights.cross_query_bias).view(sources, -1, heads, keys.shape[-1])
+        mask = None if encoder_padding_mask is None else _additive_mask(layer, encoder_padding_mask, x.dtype)
+        attended = scaled_dot_product_attention(query.transpose(1, 2), keys, values, attn_mask=mask)
+        return linear(attended.transpose(1, 2).reshape(rows, 1, -1), weights.cross_output, weights.cross_output_bias)
+
+    def feed_forward(x):
+        inner = _activated(weights.inner_dense, linear(x, weights.inner, weights.inner_bias))
+        return linear(inner, weights.outer, weights.outer_bias)
+
+    x = residual(x, self_attention, weights.norms[0])
+    x = residual(x, cross_attention, weights.norms[1])
+    x = residual(x, feed_forward, weights.norms[2])
+    return x, written["cache"]
+
+
+def sinusoid_table(layer, length, d_model, dtype):
+    """Positions 0 to at least `length - 1` of a sinusoidal encoding layer
+    (`keras_hub.layers.SinePositionEncoding`), `(positions, d_model)`:
+    computed by its `call` once and kept on the layer, since they depend on
+    nothing else (keras-hub computes each position's row from the position
+    alone, so a row of the table is the row a call at that position gives).
+    """
+    held = layer.__dict__.get("_torch_table")
+    if held is None or held.shape[0] < length or held.shape[1] != d_model or held.dtype != dtype:
+        import torch
+
+        size = max(64, 2 ** math.ceil(math.log2(max(length, 1))))
+        held = layer.call(torch.zeros((1, size, d_model), dtype=dtype))[0]
+        object.__setattr__(layer, "_torch_table", held)
+    return held
