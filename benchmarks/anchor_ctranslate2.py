@@ -13,7 +13,10 @@ the timed call tokenizes and detokenizes for it as `generate` does for
 this package). Sentences per second at batch 1 and batch 64 (a second
 pass, after a pass that compiles or warms up), BLEU (sacreBLEU, cased) of
 the batch-64 pass. CTranslate2 runs with as many threads as the machine
-has cores; this package runs on each Keras backend in its own process.
+has cores, each timing in a process of its own; this package runs on
+each Keras backend in its own process. CTranslate2's float32 is timed again
+after each backend, and each backend's ratios are to the mean of the
+timings around it (see `compare`).
 """
 
 import json
@@ -25,6 +28,7 @@ import tempfile
 import time
 
 ALPHA, BEAM, OFFSET = 0.6, 4, 50
+DTYPES = ("float32", "int8")
 
 
 def _sources(preset, data_dir, count, ensemble=False):
@@ -86,39 +90,49 @@ def ours_worker(preset, data_dir, batch1, batch64):
     print(json.dumps(rows))
 
 
-def ctranslate2_rows(preset, data_dir, batch1, batch64):
-    """Converts the preset and times CTranslate2 in float32 and int8."""
+def convert(preset, root):
+    """The preset's first model written out as a Marian checkpoint and
+    converted by CTranslate2 in float32 and int8, under `root`: the
+    directories by dtype."""
+    import ctranslate2
+
+    from keras_transformer.convert import export_marian
+    from keras_transformer.models import TransformerSeq2SeqLM
+
+    model = TransformerSeq2SeqLM.from_preset(preset, load_ensemble=False)
+    marian_dir = export_marian(model, os.path.join(root, "marian"))
+    directories = {}
+    for dtype in DTYPES:
+        directories[dtype] = os.path.join(root, f"ct2-{dtype}")
+        ctranslate2.converters.TransformersConverter(marian_dir).convert(directories[dtype], quantization=dtype)
+    return directories
+
+
+def ctranslate2_worker(preset, data_dir, batch1, batch64, directory, dtype):
+    """Times CTranslate2 on one converted model (in a process of its own,
+    see `compare`); prints the row as one JSON line."""
     import ctranslate2
     import sacrebleu
 
-    from keras_transformer.convert import export_marian
-
     model, sources, references = _sources(preset, data_dir, max(batch1, batch64))
     tokenizer = model.preprocessor.tokenizer
-    rows = []
-    with tempfile.TemporaryDirectory() as root:
-        marian_dir = export_marian(model, os.path.join(root, "marian"))
-        for dtype in ("float32", "int8"):
-            out = os.path.join(root, f"ct2-{dtype}")
-            ctranslate2.converters.TransformersConverter(marian_dir).convert(out, quantization=dtype)
-            translator = ctranslate2.Translator(out, device="cpu", intra_threads=os.cpu_count() or 1)
+    translator = ctranslate2.Translator(directory, device="cpu", intra_threads=os.cpu_count() or 1)
 
-            def translate(texts, translator=translator):
-                # Text to text, as this package's `generate`: the preset's
-                # tokenizer and framing (<s> pieces </s>) on both sides.
-                batch = [[tokenizer.id_to_token(i) for i in row] for row in model.preprocessor.generate_preprocess(texts)]
-                limit = max(map(len, batch)) + OFFSET
-                results = translator.translate_batch(batch, beam_size=BEAM, length_penalty=ALPHA,
-                                                     max_decoding_length=limit, max_batch_size=len(batch))
-                return model.preprocessor.generate_postprocess(
-                    [[tokenizer.token_to_id(t) for t in r.hypotheses[0]] for r in results])
+    def translate(texts):
+        # Text to text, as this package's `generate`: the preset's
+        # tokenizer and framing (<s> pieces </s>) on both sides.
+        batch = [[tokenizer.id_to_token(i) for i in row] for row in model.preprocessor.generate_preprocess(texts)]
+        limit = max(map(len, batch)) + OFFSET
+        results = translator.translate_batch(batch, beam_size=BEAM, length_penalty=ALPHA,
+                                             max_decoding_length=limit, max_batch_size=len(batch))
+        return model.preprocessor.generate_postprocess(
+            [[tokenizer.token_to_id(t) for t in r.hypotheses[0]] for r in results])
 
-            speed1, _ = _timed(translate, sources[:batch1], 1)
-            speed64, outputs = _timed(translate, sources[:batch64], 64)
-            bleu = sacrebleu.corpus_bleu(outputs, [references[:batch64]]).score
-            rows.append({"engine": f"CTranslate2 {ctranslate2.__version__}", "dtype": dtype,
-                         "batch1": speed1, "batch64": speed64, "bleu": bleu})
-    return rows
+    speed1, _ = _timed(translate, sources[:batch1], 1)
+    speed64, outputs = _timed(translate, sources[:batch64], 64)
+    bleu = sacrebleu.corpus_bleu(outputs, [references[:batch64]]).score
+    print(json.dumps({"engine": f"CTranslate2 {ctranslate2.__version__}", "dtype": dtype,
+                      "batch1": speed1, "batch64": speed64, "bleu": bleu}))
 
 
 def processor():
@@ -131,30 +145,66 @@ def processor():
     return f"{name}, {os.cpu_count()} cores, AMX: {'yes' if 'amx' in text else 'no'}"
 
 
+def _worker(script, args, backend, *extra):
+    """Runs a timing worker (`decode.py` with `extra`) on `backend` in a
+    process of its own; its rows."""
+    env = {**os.environ, "KERAS_BACKEND": backend, "TF_CPP_MIN_LOG_LEVEL": "3"}
+    command = [sys.executable, script, "--preset", args.preset, "--data-dir", args.data_dir,
+               "--batch1-sentences", str(args.batch1_sentences), "--batch64-sentences", str(args.batch64_sentences),
+               *(["--system-malloc"] if args.system_malloc else []), *extra]
+    process = subprocess.run(command, env=env, capture_output=True, text=True)
+    if process.returncode:
+        sys.exit(f"The {backend} worker {' '.join(extra)} failed:\n{process.stderr[-3000:]}")
+    rows = json.loads(process.stdout.strip().splitlines()[-1])
+    return rows if isinstance(rows, list) else [rows]
+
+
 def compare(args, script):
     """The table: CTranslate2 float32 and int8, then this package per
-    backend, with ratios to CTranslate2 float32."""
+    backend, with ratios to CTranslate2 float32.
+
+    Each CTranslate2 timing runs in a process of its own, on JAX (for the
+    preset's tokenizer) with TensorFlow left out: in a process that had
+    imported PyTorch or run TensorFlow, or that had run CTranslate2's int8
+    model, CTranslate2's float32 ran several times slower on a 2-core AMD
+    machine (one sentence at a time: 5-7 sentences/s against 53-77 alone).
+    The machine's speed can also drift during a run of half an hour (shared
+    hosts), so CTranslate2's float32 is timed again after each backend, and
+    each backend's ratios are to the mean of the two timings around it;
+    every timing is printed under the table.
+    """
     print(f"processor: {processor()}; preset {args.preset}; beam {BEAM}, log P / |Y|^{ALPHA}; "
           f"batch 1: {args.batch1_sentences} sentences, batch 64: {args.batch64_sentences}; memory: "
           + ("glibc's malloc as it is" if args.system_malloc else "freed memory kept for reuse (every engine)"),
           flush=True)
-    print("timing CTranslate2 ...", file=sys.stderr, flush=True)
-    rows = ctranslate2_rows(args.preset, args.data_dir, args.batch1_sentences, args.batch64_sentences)
-    for backend in args.backends.split(","):
-        print(f"timing {backend} ...", file=sys.stderr, flush=True)
-        env = {**os.environ, "KERAS_BACKEND": backend, "TF_CPP_MIN_LOG_LEVEL": "3"}
-        command = [sys.executable, script, "--ctranslate2-worker", "--preset", args.preset, "--data-dir",
-                   args.data_dir, "--batch1-sentences", str(args.batch1_sentences),
-                   "--batch64-sentences", str(args.batch64_sentences),
-                   *(["--system-malloc"] if args.system_malloc else [])]
-        process = subprocess.run(command, env=env, capture_output=True, text=True)
-        if process.returncode:
-            sys.exit(f"The {backend} worker failed:\n{process.stderr[-3000:]}")
-        rows.extend(json.loads(process.stdout.strip().splitlines()[-1]))
-    anchor = rows[0]
+    with tempfile.TemporaryDirectory() as root:
+        print("converting for CTranslate2 ...", file=sys.stderr, flush=True)
+        directories = convert(args.preset, root)
+
+        def ctranslate2(dtype):
+            print(f"timing CTranslate2 {dtype} ...", file=sys.stderr, flush=True)
+            return _worker(script, args, "jax", "--ctranslate2-engine", directories[dtype], dtype)[0]
+
+        rows = [ctranslate2(dtype) for dtype in DTYPES]
+        anchors = [rows[0]]
+        for row in rows:
+            row["anchor"] = rows[0]
+        for backend in args.backends.split(","):
+            print(f"timing {backend} ...", file=sys.stderr, flush=True)
+            found = _worker(script, args, backend, "--ctranslate2-worker")
+            anchors.append(ctranslate2("float32"))
+            around = {key: (anchors[-2][key] + anchors[-1][key]) / 2 for key in ("batch1", "batch64")}
+            rows.extend({**row, "anchor": around} for row in found)
     print("| engine | weights | batch 1 (sent/s) | batch 64 (sent/s) | batch 1 / CT2 fp32 | batch 64 / CT2 fp32 | BLEU |")
     print("| --- | --- | ---: | ---: | ---: | ---: | ---: |")
     for row in rows:
+        anchor = row["anchor"]
         print(f"| {row['engine']} | {row['dtype']} | {row['batch1']:.1f} | {row['batch64']:.1f} "
               f"| {row['batch1'] / anchor['batch1']:.2f}x | {row['batch64'] / anchor['batch64']:.2f}x "
               f"| {row['bleu']:.1f} |", flush=True)
+    print()
+    print("CTranslate2 float32, timed before the first backend and after each (sentences/s): batch 1 "
+          + ", ".join(f"{a['batch1']:.1f}" for a in anchors) + "; batch 64 "
+          + ", ".join(f"{a['batch64']:.1f}" for a in anchors)
+          + ". Each backend's ratios are to the mean of the timings before and after it; the"
+          " CTranslate2 rows' to the first.")

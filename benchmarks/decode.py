@@ -200,16 +200,27 @@ def main():
     )
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--ctranslate2-worker", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--ctranslate2-engine", nargs=2, metavar=("DIRECTORY", "DTYPE"), help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.ctranslate2_engine:
+        # CTranslate2 alone in its process: no TensorFlow (see
+        # `anchor_ctranslate2.compare`); JAX reads the preset's tokenizer.
+        from keras_transformer.utils.tensorflow_free import skip_tensorflow
+
+        skip_tensorflow()
     if not args.system_malloc:
         from keras_transformer.utils.memory import reuse_freed_memory
 
         reuse_freed_memory()  # in this process (CTranslate2's runs) and in each worker
     if args.worker:
         return worker(args.preset, args.data_dir, args.batch1_sentences, args.batch64_sentences)
-    if args.ctranslate2_worker or args.ctranslate2:
+    if args.ctranslate2_worker or args.ctranslate2 or args.ctranslate2_engine:
         import anchor_ctranslate2
 
+        if args.ctranslate2_engine:
+            return anchor_ctranslate2.ctranslate2_worker(
+                args.preset, args.data_dir, args.batch1_sentences, args.batch64_sentences, *args.ctranslate2_engine
+            )
         if args.ctranslate2_worker:
             return anchor_ctranslate2.ours_worker(
                 args.preset, args.data_dir, args.batch1_sentences, args.batch64_sentences
