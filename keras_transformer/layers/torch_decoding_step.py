@@ -77,18 +77,12 @@ def _matrix(dense):
 
 
 def _joined_bias(denses):
+    """The biases of projections side by side, or None: an attention's
+    projections have biases or not all alike (its `use_bias`)."""
     import torch
 
-    if any(dense.bias is None for dense in denses):
-        if all(dense.bias is None for dense in denses):
-            return None
-        return torch.cat(
-            [
-                dense.bias.value.flatten() if dense.bias is not None
-                else dense._kernel.value.new_zeros(dense._kernel_matrix().shape[1])
-                for dense in denses
-            ]
-        )
+    if denses[0].bias is None:
+        return None
     return torch.cat([dense.bias.value.flatten() for dense in denses])
 
 
