@@ -144,7 +144,6 @@ class TransformerDecoderLayer(TransformerLayerBase):
             outputs += (updated["cache"],)
         return outputs[0] if len(outputs) == 1 else outputs
 
-
     # `direct_calls()` on PyTorch: a decoding step (one position, written
     # into the self-attention cache) as plain PyTorch calls
     # (`torch_decoding_step`); any other call runs `call`.

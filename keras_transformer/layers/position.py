@@ -51,7 +51,7 @@ class SinusoidalPositionEncoding(DirectCall, keras_hub.layers.SinePositionEncodi
         if positions is not None or not isinstance(start_index, int):
             return self.call(inputs, start_index=start_index, positions=positions)
         length = inputs.shape[-2]
-        table = sinusoid_table(self, start_index + length, inputs.shape[-1], inputs.dtype)
+        table = sinusoid_table(self, start_index + length, inputs)
         return table[start_index : start_index + length].expand(inputs.shape)
 
 

@@ -133,20 +133,24 @@ def _still_plain(sublayer, policy):
     return sublayer.quantization_mode is None
 
 
-def _additive_mask(layer, padding_mask, dtype):
+def _additive_mask(layer, padding_mask, like):
     """The `(sources, 1, 1, source_length)` additive mask of an encoder
-    padding mask (Keras' large negative where it is false, as
+    padding mask, in the dtype and on the device of the tensor `like`
+    (Keras' large negative where it is false, as
     `direct_calls.dot_product_attention` gives it), kept on `layer` while
     the same mask comes back (a search passes one mask to every step)."""
     import torch
 
     held = layer.__dict__.get("_torch_step_mask")
     version = getattr(padding_mask, "_version", None)
-    if held is not None and held[0] is padding_mask and held[1] == version and held[2].dtype == dtype:
+    if (
+        held is not None and held[0] is padding_mask and held[1] == version
+        and held[2].dtype == like.dtype and held[2].device == like.device
+    ):
         return held[2]
-    allowed = torch.as_tensor(padding_mask).to(torch.bool)[:, None, None, :]
-    largest = 65500.0 if dtype == torch.float16 else 3.38953e38
-    mask = torch.zeros(allowed.shape, dtype=dtype).masked_fill_(~allowed, -0.7 * largest)
+    allowed = torch.as_tensor(padding_mask, device=like.device).to(torch.bool)[:, None, None, :]
+    largest = 65500.0 if like.dtype == torch.float16 else 3.38953e38
+    mask = like.new_zeros(allowed.shape).masked_fill_(~allowed, -0.7 * largest)
     object.__setattr__(layer, "_torch_step_mask", (padding_mask, version, mask))
     return mask
 
@@ -200,7 +204,7 @@ def decoding_step(layer, weights, x, index, self_attention_cache, cross_attentio
         sources = keys.shape[0]
         # A source's beams attend as its row's consecutive query positions.
         query = linear(x, weights.cross_query, weights.cross_query_bias).view(sources, -1, heads, keys.shape[-1])
-        mask = None if encoder_padding_mask is None else _additive_mask(layer, encoder_padding_mask, x.dtype)
+        mask = None if encoder_padding_mask is None else _additive_mask(layer, encoder_padding_mask, x)
         attended = scaled_dot_product_attention(query.transpose(1, 2), keys, values, attn_mask=mask)
         return linear(attended.transpose(1, 2).reshape(rows, 1, -1), weights.cross_output, weights.cross_output_bias)
 
@@ -214,18 +218,21 @@ def decoding_step(layer, weights, x, index, self_attention_cache, cross_attentio
     return x, written["cache"]
 
 
-def sinusoid_table(layer, length, d_model, dtype):
+def sinusoid_table(layer, length, like):
     """Positions 0 to at least `length - 1` of a sinusoidal encoding layer
-    (`keras_hub.layers.SinePositionEncoding`), `(positions, d_model)`:
-    computed by its `call` once and kept on the layer, since they depend on
-    nothing else (keras-hub computes each position's row from the position
-    alone, so a row of the table is the row a call at that position gives).
+    (`keras_hub.layers.SinePositionEncoding`), `(positions, d_model)` with
+    the last axis, dtype and device of the tensor `like`: computed by its
+    `call` once and kept on the layer, since they depend on nothing else
+    (keras-hub computes each position's row from the position alone, so a
+    row of the table is the row a call at that position gives).
     """
     held = layer.__dict__.get("_torch_table")
-    if held is None or held.shape[0] < length or held.shape[1] != d_model or held.dtype != dtype:
-        import torch
-
+    d_model = like.shape[-1]
+    if (
+        held is None or held.shape[0] < length or held.shape[1] != d_model
+        or held.dtype != like.dtype or held.device != like.device
+    ):
         size = max(64, 2 ** math.ceil(math.log2(max(length, 1))))
-        held = layer.call(torch.zeros((1, size, d_model), dtype=dtype))[0]
+        held = layer.call(like.new_zeros((1, size, d_model)))[0]
         object.__setattr__(layer, "_torch_table", held)
     return held
