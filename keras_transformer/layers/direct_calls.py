@@ -157,13 +157,22 @@ def dot_product_attention(query, key, value, mask=None):
     from torch.nn.functional import scaled_dot_product_attention
 
     if mask is not None:
-        # Keras' large negative: 0.7 times the dtype's largest finite value.
-        largest = 65500.0 if query.dtype == torch.float16 else 3.38953e38
-        mask = torch.full(mask.shape, -0.7 * largest, dtype=query.dtype, device=query.device).masked_fill_(mask, 0.0)
+        mask = additive_mask(mask, query)
     heads = scaled_dot_product_attention(
         query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2), attn_mask=mask
     )
     return heads.transpose(1, 2)
+
+
+def additive_mask(allowed, like):
+    """A boolean attention mask (true where attention is allowed) as the
+    additive mask Keras gives PyTorch's fused kernel: 0 where allowed,
+    Keras' large negative (0.7 times the dtype's largest finite value)
+    elsewhere, in the dtype and on the device of the tensor `like`."""
+    import torch
+
+    largest = 65500.0 if like.dtype == torch.float16 else 3.38953e38
+    return torch.full(allowed.shape, -0.7 * largest, dtype=like.dtype, device=like.device).masked_fill_(allowed, 0.0)
 
 
 def take_rows(x, rows):
@@ -328,8 +337,12 @@ class Dense(DirectCall, keras.layers.Dense):
     def _torch_call(self, inputs):
         from torch.nn.functional import linear
 
-        outputs = linear(inputs, self._kernel.value.t(), None if self.bias is None else self.bias.value)
+        outputs = linear(inputs, self._kernel_matrix().t(), None if self.bias is None else self.bias.value)
         return _activated(self, outputs)
+
+    def _kernel_matrix(self):
+        """The kernel, `(inputs, outputs)` (as `EinsumDense._kernel_matrix`)."""
+        return self._kernel.value
 
     def _torch_int8_call(self, inputs):
         outputs = int8_product(

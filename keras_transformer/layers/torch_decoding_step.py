@@ -31,6 +31,7 @@ from keras.dtype_policies import DTypePolicyMap
 
 from keras_transformer.layers.direct_calls import _activated
 from keras_transformer.layers.direct_calls import _torch_call_of
+from keras_transformer.layers.direct_calls import additive_mask
 from keras_transformer.layers.direct_calls import write_cache
 
 
@@ -68,12 +69,8 @@ class StepWeights:
 def _matrix(dense):
     """A dense layer's `(weight, bias)` as `torch.nn.functional.linear`
     takes them: `(outputs, inputs)` and `(outputs,)` or None."""
-    if hasattr(dense, "_kernel_matrix"):  # EinsumDense
-        kernel = dense._kernel_matrix()
-    else:
-        kernel = dense._kernel.value
     bias = None if dense.bias is None else dense.bias.value.flatten()
-    return kernel.t(), bias
+    return dense._kernel_matrix().t(), bias
 
 
 def _joined_bias(denses):
@@ -100,7 +97,8 @@ def step_weights(layer):
     held = layer.__dict__.get("_torch_step_weights")
     if held is not None:
         sublayers, variables, weights = held
-        if all(_still_plain(sublayer, policy) for sublayer, policy in sublayers) and all(v._value is value and value._version == count for v, value, count in variables):
+        plain = all(_still_plain(sublayer, policy) for sublayer, policy in sublayers)
+        if plain and all(v._value is value and value._version == count for v, value, count in variables):
             return weights
     attention, cross, feed_forward = layer.self_attention, layer.cross_attention, layer.feed_forward
     sublayers = (
@@ -136,8 +134,7 @@ def _still_plain(sublayer, policy):
 def _additive_mask(layer, padding_mask, like):
     """The `(sources, 1, 1, source_length)` additive mask of an encoder
     padding mask, in the dtype and on the device of the tensor `like`
-    (Keras' large negative where it is false, as
-    `direct_calls.dot_product_attention` gives it), kept on `layer` while
+    (`direct_calls.additive_mask`), kept on `layer` while
     the same mask comes back (a search passes one mask to every step)."""
     import torch
 
@@ -148,9 +145,7 @@ def _additive_mask(layer, padding_mask, like):
         and held[2].dtype == like.dtype and held[2].device == like.device
     ):
         return held[2]
-    allowed = torch.as_tensor(padding_mask, device=like.device).to(torch.bool)[:, None, None, :]
-    largest = 65500.0 if like.dtype == torch.float16 else 3.38953e38
-    mask = like.new_zeros(allowed.shape).masked_fill_(~allowed, -0.7 * largest)
+    mask = additive_mask(torch.as_tensor(padding_mask, device=like.device).to(torch.bool)[:, None, None, :], like)
     object.__setattr__(layer, "_torch_step_mask", (padding_mask, version, mask))
     return mask
 
