@@ -153,11 +153,34 @@ def train(args):
             self.epoch_seconds.append(time.time() - self.began)
             self.kept = [*self.kept, backbone.get_weights()][-self.keep:]
             print(f"epoch {epoch + 1}: loss {logs['loss']:.4f}, {self.epoch_seconds[-1]:.1f} s", flush=True)
+            if args.write_every and (epoch + 1) % args.write_every == 0:
+                # A run cut off (a rented machine taken back) keeps its last average.
+                write(self.average(), epoch + 1)
             if args.seconds and time.time() + max(self.epoch_seconds[-3:]) + args.scoring_seconds > (
                 started + args.seconds
             ):
                 print(f"--seconds {args.seconds}: stopping after epoch {epoch + 1}")
                 self.model.stop_training = True
+
+        def average(self):
+            return [np.mean(w, axis=0).astype(w[0].dtype) for w in zip(*self.kept)]
+
+    def write(weights, epochs):
+        with open(args.output + ".partial", "wb") as file:  # whole or not at all
+            np.savez(file, *[w.astype("float16") for w in weights])
+        os.replace(args.output + ".partial", args.output)
+        _write_record(args.output, record(epochs))
+
+    def record(epochs):
+        return {"pair": args.pair, "seed": args.seed, "architecture": architecture, "dropout": args.dropout,
+                "max_tokens": args.max_tokens, "warmup_steps": args.warmup_steps,
+                "peak_learning_rate": args.peak_learning_rate, "epochs": epochs,
+                "initial_step": args.initial_step,
+                "steps": args.initial_step + epochs * len(batches),
+                "averaged_epochs": len(average.kept),
+                "seconds_an_epoch": round(float(np.median(average.epoch_seconds)), 2), "hardware": _hardware(),
+                "initial_weights": bool(args.init_weights), "distilled_pairs": distilled,
+                "distilled_only": bool(args.distilled and args.distilled_only)}
 
     def repeated():
         while True:
@@ -166,20 +189,10 @@ def train(args):
     average = AverageLastEpochs(args.keep_checkpoints)
     # keras.Model's own fit: keras-hub's would turn the batches into a tf.data pipeline.
     keras.Model.fit(model, repeated(), steps_per_epoch=len(batches), epochs=args.epochs, callbacks=[average], verbose=0)
-    backbone.set_weights([np.mean(w, axis=0).astype(w[0].dtype) for w in zip(*average.kept)])
-
-    result = {"pair": args.pair, "seed": args.seed, "architecture": architecture, "dropout": args.dropout,
-              "max_tokens": args.max_tokens, "warmup_steps": args.warmup_steps,
-              "peak_learning_rate": args.peak_learning_rate, "epochs": len(average.epoch_seconds),
-              "initial_step": args.initial_step,
-              "steps": args.initial_step + len(average.epoch_seconds) * len(batches),
-              "averaged_epochs": len(average.kept),
-              "seconds_an_epoch": round(float(np.median(average.epoch_seconds)), 2), "hardware": _hardware(),
-              "initial_weights": bool(args.init_weights), "distilled_pairs": distilled,
-              "distilled_only": bool(args.distilled and args.distilled_only)}
+    backbone.set_weights(average.average())
+    result = record(len(average.epoch_seconds))
     # Saved before scoring: weights outlast a scoring that fails.
-    np.savez(args.output, *[w.astype("float16") for w in backbone.get_weights()])
-    _write_record(args.output, result)
+    write(backbone.get_weights(), len(average.epoch_seconds))
     if not args.no_scoring:
         result.update(_scores(model, data, args.pair, args.score_limit))
         _write_record(args.output, result)
@@ -747,6 +760,8 @@ def main():
     p.add_argument("--num-heads", type=int, help="attention heads (default: the `small` model's)")
     p.add_argument("--no-scoring", action="store_true", help="write the weights unscored (`score` them elsewhere)")
     p.add_argument("--keep-checkpoints", type=int, default=5, help="how many last epochs to average")
+    p.add_argument("--write-every", type=int,
+                   help="also write the average so far every N epochs (a run cut off keeps its last one)")
     p.add_argument("--limit", type=int, help="train on the first N pairs only (a smoke test)")
     p.add_argument("--score-limit", type=int, help="score the first N sentences of each split only")
     p.add_argument("--init-weights",
