@@ -76,9 +76,9 @@ def quantize(values, axes):
 
     Example:
 
-    >>> q, scale = quantize(np.array([[0.5, -1.0], [0.25, 0.02]]), axes=(1,))
-    >>> q.tolist(), scale.ravel().round(5).tolist()
-    ([[64, -127], [127, 10]], [0.00787, 0.00197])
+    >>> q, scale = quantize(np.array([[0.6, -1.0], [0.25, 0.02]]), axes=(1,))
+    >>> q.tolist(), [round(float(s), 5) for s in scale.ravel()]
+    ([[76, -127], [127, 10]], [0.00787, 0.00197])
     """
     values = np.asarray(values, dtype="float32")
     if not np.all(np.isfinite(values)):
