@@ -135,6 +135,15 @@ class PresetIO:
                 backbone or task): in `model.weights.int8.npz`, about half
                 the size of float16 weights, loading as a float model (see
                 `keras_transformer.presets.int8`).
+
+        Example:
+
+        ```python
+        model = TransformerSeq2SeqLM.from_preset("transformer_multi30k_en_de")
+        model.save_to_preset("en-de", metadata={"note": "a copy"})
+        model.save_to_preset("en-de-int8", weights_storage="int8")  # under half the size
+        TransformerSeq2SeqLM.from_preset("en-de-int8")  # a float32 model again
+        ```
         """
         import keras_hub
 
