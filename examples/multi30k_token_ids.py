@@ -37,6 +37,11 @@ both test sets (the shipped presets):
     python examples/multi30k_token_ids.py ensemble-preset --token-ids pairs.npz \\
         --members ende-s2.npz,ende-s2-more.npz ende-s3.npz ende-s1.npz --output-dir presets/en-de
 
+`to-preset` stores the weights in float32 and `ensemble-preset` in
+float16; with `--weights-storage int8` both store them in int8 (half the
+size of float16, loading as float models; `ensemble-preset`'s scores are
+then those of the int8 weights).
+
 `distill` scores an ensemble (presets or `train`'s weights) on val and
 test_2016_flickr and translates the training sources with it. `pipeline`
 runs the three on one GPU, each phase's runs side by side as processes
@@ -450,8 +455,14 @@ def to_preset(args):
                 split: result[split] for split in ("val", "test_2016_flickr", "test_2017_flickr") if split in result
             },
         }
-    model.save_to_preset(args.output_dir, metadata=metadata)
+    model.save_to_preset(args.output_dir, metadata=metadata, weights_storage=_weights_storage(args))
     print(f"Wrote {args.output_dir}")
+
+
+def _weights_storage(args):
+    """`--weights-storage`: "float" (the weights as the model holds them)
+    or "int8" (half the size of float16; loads as a float model)."""
+    return getattr(args, "weights_storage", None) or "float"
 
 
 def _task_with_weights(template, weights):
@@ -489,8 +500,9 @@ def _train_command(record):
 def ensemble_preset(args):
     """An ensemble preset (`keras_transformer.presets.ensembles`) of weights
     that `train` wrote: the tokenizer of `--preset`, the first member's
-    model with the others as its ensemble, weights in float16; in
-    metadata.json each member's training stages (their records) and the
+    model with the others as its ensemble, weights in float16 (or, with
+    `--weights-storage int8`, in int8: `keras_transformer.presets.int8`);
+    in metadata.json each member's training stages (their records) and the
     ensemble's scores on test_2016_flickr and test_2017_flickr, beam 4 and
     alpha 0.6 and greedy, of the weights as saved."""
     import keras
@@ -531,14 +543,14 @@ def ensemble_preset(args):
             "steps": [member[-1].get("steps") for member in records],
             "hardware": sorted({record.get("hardware", "unknown") for member in records for record in member}),
         },
-        "weights_dtype": "float16",
+        "weights_dtype": "int8" if _weights_storage(args) == "int8" else "float16",
         "decoding": {"beam_size": 4, "alpha": 0.6, "max_length_offset": 50},
         "keras_version": keras.version(),
     }
     staging = _temporary_directory()
     try:
-        # Scored as saved: float16 weights loaded into float32 models.
-        models[0].save_to_preset(staging, metadata=metadata)
+        # Scored as saved: float16 (or int8) weights loaded into float32 models.
+        models[0].save_to_preset(staging, metadata=metadata, weights_storage=_weights_storage(args))
         ensemble = TransformerSeq2SeqLM.from_preset(staging)
         data = TokenIds(args.token_ids)
         scores, greedy = {}, {}
@@ -562,7 +574,7 @@ def ensemble_preset(args):
         )
         if args.limit:
             metadata["scored_sentences"] = args.limit  # a smoke test's scores, not the split's
-        models[0].save_to_preset(args.output_dir, metadata=metadata)
+        models[0].save_to_preset(args.output_dir, metadata=metadata, weights_storage=_weights_storage(args))
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     print(f"Wrote {args.output_dir}")
@@ -732,6 +744,10 @@ def _temporary_directory():
     return tempfile.mkdtemp(prefix="multi30k-runs-")
 
 
+WEIGHTS_STORAGE_HELP = ("how the preset stores the weights: float (as the model holds them) or int8 "
+                        "(half the size of float16; loads as a float model)")
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     steps = parser.add_subparsers(dest="step", required=True)
@@ -816,6 +832,7 @@ def main():
     p = steps.add_parser("to-preset", help="write trained weights as a preset (needs TensorFlow)")
     p.add_argument("--weights", required=True, help="the .npz `train` wrote")
     p.add_argument("--preset", default="transformer_multi30k_en_de", help="whose tokenizer and settings")
+    p.add_argument("--weights-storage", choices=["float", "int8"], default="float", help=WEIGHTS_STORAGE_HELP)
     p.add_argument("--output-dir", required=True)
     p = steps.add_parser("ensemble-preset", help="write an ensemble of trained weights as a preset, scored")
     p.add_argument("--token-ids", required=True, help="the .npz `prepare` wrote (its test sentences are scored)")
@@ -824,6 +841,7 @@ def main():
                         "first model's tokenizer settings are --preset's")
     p.add_argument("--preset", default="transformer_multi30k_en_de", help="whose tokenizer and settings")
     p.add_argument("--limit", type=int, help="score the first N sentences of each test set only (a smoke test)")
+    p.add_argument("--weights-storage", choices=["float", "int8"], default="float", help=WEIGHTS_STORAGE_HELP)
     p.add_argument("--output-dir", required=True)
     args = parser.parse_args()
     commands = {"prepare": prepare, "train": train, "distill": distill, "score": score, "pipeline": pipeline,

@@ -237,6 +237,14 @@ def test_weights_of_other_sizes_become_a_preset_of_those_sizes_with_their_comman
     assert "--max-tokens 8192 --warmup-steps 2000 --peak-learning-rate 0.005" in command
     assert metadata["scores_lowercase"] == {"val": 40.0}
     assert metadata["languages"] == {"source": "de", "target": "en"}
+    # --weights-storage int8: the same preset, its weights in int8.
+    token_ids_example.to_preset(argparse.Namespace(weights=str(tmp_path / "tiny.npz"),
+                                                   preset="transformer_multi30k_en_de", weights_storage="int8",
+                                                   output_dir=str(tmp_path / "int8")))
+    assert (tmp_path / "int8" / "model.weights.int8.npz").exists()
+    stored = TransformerSeq2SeqLM.from_preset(str(tmp_path / "int8"))
+    for loaded, saved in zip(stored.backbone.get_weights(), weights):
+        assert np.abs(loaded - saved).max() <= np.abs(saved).max() / 254 * 1.001
 
 
 def test_scores_join_the_record_of_how_the_weights_were_trained(tmp_path, monkeypatch):

@@ -17,6 +17,11 @@ this package takes:
 `list_presets()` returns the shipped presets with their description, size and
 scores; `keras-transformer presets` prints them.
 
+`save_to_preset(..., weights_storage="int8")` and `store_int8` store a
+preset's weights in int8 (`model.weights.int8.npz`, about half the size of
+float16 weights); such a preset loads as a float model
+(`keras_transformer.presets.int8`).
+
 This module also checks a preset before keras-hub reads it (an unknown name
 lists the shipped ones; a missing or corrupt file is named) and saves presets
 so that a save that fails halfway leaves the directory as it was.
@@ -24,19 +29,23 @@ so that a save that fails halfway leaves the directory as it was.
 
 import os
 
+from keras_transformer.presets import int8
 from keras_transformer.presets.checks import check
 from keras_transformer.presets.checks import check_loaded
 from keras_transformer.presets.checks import weights_do_not_fit
+from keras_transformer.presets.int8 import store_int8
 from keras_transformer.presets.layout import ASSETS_DIR
 from keras_transformer.presets.layout import CHECKSUMS_KEY
 from keras_transformer.presets.layout import CONFIG_FILE
 from keras_transformer.presets.layout import ENSEMBLE_DIR
+from keras_transformer.presets.layout import INT8_WEIGHTS_FILE
 from keras_transformer.presets.layout import METADATA_FILE
 from keras_transformer.presets.layout import PREPROCESSOR_FILE
 from keras_transformer.presets.layout import PRESETS_DIR
 from keras_transformer.presets.layout import PRESET_ENTRIES
 from keras_transformer.presets.layout import SHARDED_WEIGHTS_FILES
 from keras_transformer.presets.layout import SHARDED_WEIGHTS_INDEX
+from keras_transformer.presets.layout import STORAGE_KEY
 from keras_transformer.presets.layout import TASK_FILE
 from keras_transformer.presets.layout import TASK_WEIGHTS_FILE
 from keras_transformer.presets.layout import TOKENIZER_FILE
@@ -77,6 +86,15 @@ class PresetIO:
         load_weights = kwargs.get("load_weights", True)
         check(preset, cls.preset_needs, load_weights)
         directory = resolve(os.fspath(preset))
+        # Weights stored in int8 (presets/int8.py), which keras-hub cannot
+        # read: the model is built without weights, then given them here.
+        int8_storage = (
+            load_weights
+            and issubclass(cls, (keras_hub.models.Backbone, keras_hub.models.Task))
+            and int8.stored_in_int8(directory)
+        )
+        if int8_storage:
+            kwargs = {**kwargs, "load_weights": False}
         try:
             loaded = super().from_preset(directory, *args, **kwargs)
         except PresetError:
@@ -84,7 +102,7 @@ class PresetIO:
         except (TypeError, ValueError, KeyError) as error:
             if "://" in directory:
                 raise
-            if load_weights and _builds_without_weights(super(), directory, args, kwargs):
+            if kwargs.get("load_weights", True) and _builds_without_weights(super(), directory, args, kwargs):
                 # Keras refuses weights of other shapes than the config's.
                 raise weights_do_not_fit(directory, f"{type(error).__name__}: {error}") from error
             # Keras' safe mode and deserialization refuse edited or crafted
@@ -95,7 +113,9 @@ class PresetIO:
                 "They were edited or made by hand, or by another version: save the model again."
             ) from error
         backbone = getattr(loaded, "backbone", loaded)
-        if load_weights and "://" not in directory and isinstance(backbone, keras_hub.models.Backbone):
+        if int8_storage:
+            _load_int8_weights(loaded, directory, kwargs.get("load_task_weights", True))
+        elif load_weights and "://" not in directory and isinstance(backbone, keras_hub.models.Backbone):
             check_loaded(directory, backbone)
         if getattr(loaded, "_compile_defaults_after_loading", False):
             # keras-hub compiles a task when it builds it, before it loads
@@ -104,12 +124,42 @@ class PresetIO:
             loaded.compile()
         return loaded
 
-    def save_to_preset(self, preset_dir, *args, metadata=None, **kwargs):
+    def save_to_preset(self, preset_dir, *args, metadata=None, weights_storage="float", **kwargs):
+        """Saves the model (or this part of it) as a preset in `preset_dir`.
+
+        Args:
+            preset_dir: the preset's directory.
+            metadata: a dict to record in `metadata.json`.
+            weights_storage: `"float"` (the default): the weights as the
+                model holds them, in `model.weights.h5`; `"int8"` (a
+                backbone or task): in `model.weights.int8.npz`, about half
+                the size of float16 weights, loading as a float model (see
+                `keras_transformer.presets.int8`).
+
+        Example:
+
+        ```python
+        model = TransformerSeq2SeqLM.from_preset("transformer_multi30k_en_de")
+        model.save_to_preset("en-de", metadata={"note": "a copy"})
+        model.save_to_preset("en-de-int8", weights_storage="int8")  # under half the size
+        TransformerSeq2SeqLM.from_preset("en-de-int8")  # a float32 model again
+        ```
+        """
         import keras_hub
 
+        int8.check_storage(weights_storage)
         backbone = getattr(self, "backbone", self)
         if isinstance(backbone, keras_hub.models.Backbone):  # it writes metadata.json
             metadata = {"tasks": _task_names(type(backbone)), **(metadata or {})}
+            metadata.pop(STORAGE_KEY, None)  # (copied from another preset's metadata)
+            if weights_storage == "int8":
+                int8.check_storable(backbone)
+                metadata[STORAGE_KEY] = "int8"
+        elif weights_storage != "float":
+            raise ValueError(
+                f"A {type(self).__name__} has no weights to store in {weights_storage}: `weights_storage` "
+                "applies to a backbone or a task."
+            )
         # A task writes a whole preset. A backbone, tokenizer or
         # preprocessor writes one part beside the others; a new backbone
         # makes an older task's files (which hold its config) wrong.
@@ -121,6 +171,8 @@ class PresetIO:
             replaces = ()
         with saving(preset_dir, metadata, replaces) as directory:
             super().save_to_preset(directory, *args, **kwargs)
+            if weights_storage == "int8":
+                int8.store_backbone(backbone, directory)
 
 
 def _builds_without_weights(loader, directory, args, kwargs):
@@ -131,6 +183,26 @@ def _builds_without_weights(loader, directory, args, kwargs):
     except Exception:  # the config's own error is the one to report
         return False
     return True
+
+
+def _load_int8_weights(loaded, directory, load_task_weights):
+    """Gives a model built without weights those of its int8 preset (and
+    a task's own weights, kept in task.weights.h5)."""
+    import keras_hub
+
+    if "://" in directory:
+        from keras_hub.src.utils.preset_utils import get_file
+
+        def path(name):
+            return get_file(directory, name)
+    else:
+        def path(name):
+            return os.path.join(directory, name)
+
+    backbone = getattr(loaded, "backbone", loaded)
+    int8.load_weights(backbone, path(INT8_WEIGHTS_FILE), directory)
+    if isinstance(loaded, keras_hub.models.Task) and load_task_weights and loaded.has_task_weights():
+        loaded.load_task_weights(path(TASK_WEIGHTS_FILE))
 
 
 def _task_names(backbone_cls):

@@ -10,6 +10,7 @@ import warnings
 from keras_transformer.presets.layout import ASSETS_DIR
 from keras_transformer.presets.layout import CHECKSUMS_KEY
 from keras_transformer.presets.layout import CONFIG_FILE
+from keras_transformer.presets.layout import INT8_WEIGHTS_FILE
 from keras_transformer.presets.layout import METADATA_FILE
 from keras_transformer.presets.layout import PREPROCESSOR_FILE
 from keras_transformer.presets.layout import SHARDED_WEIGHTS_INDEX
@@ -101,7 +102,8 @@ def _check_directory(directory, needs, load_weights):
         if CONFIG_FILE in configs and vocabulary is not None:
             _check_vocabulary_size(directory, configs[CONFIG_FILE], *vocabulary)
     if load_weights and "config" in needs:
-        _check_weights(directory, _checksums(directory, configs.get(METADATA_FILE)))
+        metadata = configs.get(METADATA_FILE)
+        _check_weights(directory, _checksums(directory, metadata), metadata or {})
 
 
 def _read_json(path):
@@ -195,14 +197,20 @@ def _checksums(directory, metadata):
 _warned_unchecked = set()
 
 
-def _check_weights(directory, checksums):
+def _check_weights(directory, checksums, metadata):
     """Each weights file exists, matches the SHA-256 recorded in the
     metadata (every save of this package records it: HDF5 reads a file with
-    damaged bytes inside a tensor without error), and is readable HDF5."""
+    damaged bytes inside a tensor without error), and is readable HDF5 (or,
+    for weights stored in int8, a readable archive: presets/int8.py)."""
     import h5py
 
+    from keras_transformer.presets import int8
+
     index = os.path.join(directory, SHARDED_WEIGHTS_INDEX)
-    if os.path.exists(index):
+    int8_storage = int8.stored_in_int8(directory, metadata)
+    if int8_storage:
+        files = [os.path.join(directory, INT8_WEIGHTS_FILE)]
+    elif os.path.exists(index):
         files = sorted(set(_flatten(_read_json(index).get("weight_map", {}).values())))
         files = [os.path.join(directory, name) for name in files]
     else:
@@ -223,6 +231,9 @@ def _check_weights(directory, checksums):
                 "again or save the model again. (Weights replaced by hand on "
                 f"purpose: delete {CHECKSUMS_KEY!r} from {METADATA_FILE}.)"
             )
+    if int8_storage:
+        int8.check_file(files[0])
+        return
     for weights in files:
         try:
             with h5py.File(weights, "r") as f:
@@ -265,10 +276,11 @@ def check_loaded(directory, backbone):
         )
 
 
-def weights_do_not_fit(directory, details):
-    """The error for weights that another model's config would read."""
+def weights_do_not_fit(directory, details, weights=None):
+    """The error for weights (`weights`, by default the directory's
+    model.weights.h5) that another model's config would read."""
     return PresetError(
-        f"The weights in {os.path.join(directory, WEIGHTS_FILE)!r} do not fit the model in "
+        f"The weights in {weights or os.path.join(directory, WEIGHTS_FILE)!r} do not fit the model in "
         f"{os.path.join(directory, CONFIG_FILE)!r}: {details}. The config was edited or belongs "
         "to another model: copy the preset again or save the model again."
     )

@@ -3,7 +3,8 @@
 An ensemble preset is the preset of its first model (the task, its
 tokenizer and weights, as any preset) with the other models' backbones in
 `ensemble/1`, `ensemble/2`, ... (each a backbone preset: `config.json`,
-`model.weights.h5`, `metadata.json`), listed in order under `"ensemble"`
+`model.weights.h5` (or `model.weights.int8.npz`: presets/int8.py),
+`metadata.json`), listed in order under `"ensemble"`
 in the top `metadata.json`. `TransformerSeq2SeqLM.from_preset` loads them
 into `model.ensemble_members`, and `generate` averages the probabilities
 of all the models at each step, as fairseq's and Marian's ensembles do.
@@ -78,11 +79,12 @@ def member_directories(count):
     return [f"{ENSEMBLE_DIR}/{i}" for i in range(1, count + 1)]
 
 
-def save_members(members, directory):
+def save_members(members, directory, weights_storage="float"):
     """Writes each member's backbone into `directory/ensemble/<i>`, inside
-    the save of the whole preset (`keras_transformer.presets.saving`)."""
+    the save of the whole preset (`keras_transformer.presets.saving`),
+    its weights stored as `weights_storage` says."""
     for path, member in zip(member_directories(len(members)), members):
-        member.backbone.save_to_preset(os.path.join(directory, path))
+        member.backbone.save_to_preset(os.path.join(directory, path), weights_storage=weights_storage)
 
 
 def warn_first_model_only(model, what):

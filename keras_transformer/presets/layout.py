@@ -10,9 +10,11 @@ METADATA_FILE = "metadata.json"
 WEIGHTS_FILE = "model.weights.h5"
 SHARDED_WEIGHTS_INDEX = "model.weights.json"
 SHARDED_WEIGHTS_FILES = "model_*.weights.h5"  # the shards the index names
-# A backbone's weights, whole or sharded: a save of either replaces both,
-# since keras-hub reads a whole `model.weights.h5` before an index.
-WEIGHTS_ENTRIES = (WEIGHTS_FILE, SHARDED_WEIGHTS_INDEX, SHARDED_WEIGHTS_FILES)
+# A backbone's weights stored in int8 (presets/int8.py), in place of the others.
+INT8_WEIGHTS_FILE = "model.weights.int8.npz"
+# A backbone's weights, whole, sharded or in int8: a save of one replaces
+# the others, since keras-hub reads a whole `model.weights.h5` before an index.
+WEIGHTS_ENTRIES = (WEIGHTS_FILE, SHARDED_WEIGHTS_INDEX, SHARDED_WEIGHTS_FILES, INT8_WEIGHTS_FILE)
 TASK_FILE = "task.json"
 TASK_WEIGHTS_FILE = "task.weights.h5"
 PREPROCESSOR_FILE = "preprocessor.json"
@@ -24,6 +26,8 @@ ENSEMBLE_DIR = "ensemble"
 ENSEMBLE_KEY = "ensemble"
 # metadata.json records the SHA-256 of each weights file a save writes.
 CHECKSUMS_KEY = "weights_sha256"
+# metadata.json says "int8" for weights stored in INT8_WEIGHTS_FILE.
+STORAGE_KEY = "weights_storage"
 # Everything a save writes: what an earlier save left and a new one does not
 # write again is removed, so that a directory never mixes two presets.
 PRESET_ENTRIES = (

@@ -8,6 +8,7 @@ import shutil
 import threading
 
 from keras_transformer.presets.layout import CHECKSUMS_KEY
+from keras_transformer.presets.layout import INT8_WEIGHTS_FILE
 from keras_transformer.presets.layout import METADATA_FILE
 from keras_transformer.presets.layout import PRESET_ENTRIES
 from keras_transformer.presets.layout import SHARDED_WEIGHTS_FILES
@@ -64,10 +65,18 @@ def saving(preset_dir, metadata=None, replaces=PRESET_ENTRIES):
         _saving.active = False
 
 
+def record(directory, metadata=None):
+    """Merges `metadata` and the SHA-256 of each weights file in
+    `directory` into its metadata.json (for files changed inside a
+    `saving` block, such as an ensemble member's weights stored anew)."""
+    _record(directory, metadata, directory)
+
+
 def _record(directory, metadata, previous_dir):
     """Merges `metadata` and the SHA-256 of the weights written into
     `directory` into its metadata.json."""
-    weights = sorted(matching(directory, (WEIGHTS_FILE, SHARDED_WEIGHTS_FILES, TASK_WEIGHTS_FILE)))
+    names = (WEIGHTS_FILE, SHARDED_WEIGHTS_FILES, INT8_WEIGHTS_FILE, TASK_WEIGHTS_FILE)
+    weights = sorted(matching(directory, names))
     if weights:  # written with the metadata.json they are recorded in
         checksums = {CHECKSUMS_KEY: {name: sha256(os.path.join(directory, name)) for name in weights}}
         metadata = {**(metadata or {}), **checksums}

@@ -30,6 +30,7 @@ from keras_transformer.presets import PresetIO
 from keras_transformer.presets import ensembles
 from keras_transformer.presets.saving import saving
 from keras_transformer.presets.layout import ENSEMBLE_KEY
+from keras_transformer.presets.layout import STORAGE_KEY
 from keras_transformer.schedules import paper_optimizer
 
 
@@ -462,9 +463,12 @@ class TransformerSeq2SeqLM(PresetIO, keras_hub.models.Seq2SeqLM):
 
     def save_to_preset(self, preset_dir, *args, metadata=None, **kwargs):
         members = self.ensemble_members
-        # The list of members is the save's to write (metadata copied from
-        # an ensemble preset must not list members this save lacks).
-        metadata = {key: value for key, value in (metadata or {}).items() if key != ENSEMBLE_KEY} or None
+        # The list of members and the weights' storage are the save's to
+        # write (metadata copied from an ensemble preset must not list
+        # members this save lacks).
+        metadata = {
+            key: value for key, value in (metadata or {}).items() if key not in (ENSEMBLE_KEY, STORAGE_KEY)
+        } or None
         if not members:
             return super().save_to_preset(preset_dir, *args, metadata=metadata, **kwargs)
         # One save: the members are written into the same staging directory,
@@ -472,7 +476,7 @@ class TransformerSeq2SeqLM(PresetIO, keras_hub.models.Seq2SeqLM):
         listed = {**(metadata or {}), ENSEMBLE_KEY: ensembles.member_directories(len(members))}
         with saving(preset_dir, listed) as directory:
             super().save_to_preset(directory, *args, metadata=metadata, **kwargs)
-            ensembles.save_members(members, directory)
+            ensembles.save_members(members, directory, kwargs.get("weights_storage", "float"))
 
     def _ensemble_with(self, others):
         """The `Ensemble` of this model and `others`, made again only when

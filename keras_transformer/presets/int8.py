@@ -1,0 +1,379 @@
+"""Int8 storage of a preset's weights: about half the size of float16
+weights, loading as an ordinary float model.
+
+This is a way of storing weights, not of computing with them (for that,
+see `TransformerSeq2SeqLM.quantize`, Keras's int8 computation). A backbone
+saved with `save_to_preset(..., weights_storage="int8")`, or converted by
+`store_int8`, keeps its weights in `model.weights.int8.npz` instead of
+`model.weights.h5`; `from_preset` builds the model from its config as
+usual (float32 unless `dtype=...` asks for another precision), turns the
+stored integers back into floats and assigns them. The loaded model is an
+ordinary float model: training, decoding and its fast paths run exactly
+as they do for a preset stored in float16, on weights that differ from the
+saved ones by at most half a quantization step.
+
+Each float weight of two or more axes (embedding tables, kernels) is
+stored as int8 `q` with a float32 scale per output channel, symmetric
+(no zero point):
+
+    scale = max |w| / 127  (over the axes a channel spans)
+    q = round(w / scale)   (in -127..127)
+    w ~= q * scale         (|w - q * scale| <= scale / 2)
+
+An output channel is a column of a `Dense` kernel `(d_in, d_out)`; of an
+`EinsumDense` kernel, each position on the axes that its equation does
+not sum over (an attention's query kernel `(d_model, heads, d_k)` has a
+scale per head and dimension); of anything else, such as the token
+embedding `(vocabulary, d_model)`, a row: the embedding is looked up by
+row, and as the tied output projection its row is an output token's.
+Biases and weights of fewer axes (LayerNorm's gamma and beta) are stored
+as the model holds them (float16 or float32, bfloat16 as float32): they
+are a small part of the file.
+
+The file is a compressed NumPy `.npz` archive (read with `numpy.load`, no
+pickles):
+for each variable, `<variable.path>` holds its int8 values (or the vector
+itself) and `<variable.path>:scale` its scales, with the weight's number
+of axes (size 1 on the summed axes) so that `q * scale` broadcasts;
+`__format__` names the format. `metadata.json` records
+`"weights_storage": "int8"` and the file's SHA-256 in `weights_sha256`,
+which loading checks as it does for `model.weights.h5`.
+"""
+
+import os
+import zipfile
+
+import numpy as np
+
+from keras_transformer.presets.layout import CONFIG_FILE
+from keras_transformer.presets.layout import INT8_WEIGHTS_FILE
+from keras_transformer.presets.layout import STORAGE_KEY
+from keras_transformer.presets.layout import WEIGHTS_ENTRIES
+from keras_transformer.presets.layout import PresetError
+from keras_transformer.utils.files import matching
+
+FORMAT_KEY = "__format__"
+FORMAT = "keras_transformer int8 weights, version 1"
+SCALE_SUFFIX = ":scale"
+STORAGES = ("float", "int8")
+# The entries' date in the archive: fixed, so that the same weights give
+# the same bytes (and SHA-256) at every save.
+_DATE = (1980, 1, 1, 0, 0, 0)
+
+
+def quantize(values, axes):
+    """Symmetric int8 quantization of `values` with one scale per slice
+    along the axes not in `axes`.
+
+    Args:
+        values: a float array.
+        axes: the axes each scale spans (those reduced by the max).
+
+    Returns:
+        `(q, scale)`: int8 values in -127..127 and float32 scales with
+        `values`' number of axes (size 1 on `axes`); `q * scale` is within
+        `scale / 2` of `values`. A slice of zeros has scale 0.
+
+    Example:
+
+    >>> q, scale = quantize(np.array([[0.6, -1.0], [0.25, 0.02]]), axes=(1,))
+    >>> q.tolist(), [round(float(s), 5) for s in scale.ravel()]
+    ([[76, -127], [127, 10]], [0.00787, 0.00197])
+    """
+    values = np.asarray(values, dtype="float32")
+    if not np.all(np.isfinite(values)):
+        raise ValueError("Cannot store weights holding NaN or infinite values in int8.")
+    scale = (np.max(np.abs(values), axis=tuple(axes), keepdims=True) / 127).astype("float32")
+    q = np.round(values / np.where(scale > 0, scale, 1))
+    return np.clip(q, -127, 127).astype("int8"), scale
+
+
+def dequantize(q, scale):
+    """The float32 weights `q * scale` that `quantize` stored."""
+    return q.astype("float32") * scale
+
+
+def channel_axes(backbone):
+    """The axes that each weight's scales span, by variable path, for the
+    weights of `backbone` stored in int8: floats of two or more axes, but
+    for biases (an attention's query bias is `(heads, d_k)`)."""
+    import keras
+
+    kernels, biases = {}, set()
+    for layer in backbone._flatten_layers(include_self=False):
+        if not isinstance(layer, (keras.layers.Dense, keras.layers.EinsumDense)):
+            continue
+        kernel = getattr(layer, "_kernel", None)
+        if kernel is not None and isinstance(layer, keras.layers.EinsumDense):
+            kernels[id(kernel)] = _summed_axes(layer.equation, len(kernel.shape))
+        elif kernel is not None:
+            kernels[id(kernel)] = (0,)
+        if getattr(layer, "bias", None) is not None:
+            biases.add(id(layer.bias))
+    axes = {}
+    for variable in backbone.weights:
+        if len(variable.shape) >= 2 and _is_float(variable.dtype) and id(variable) not in biases:
+            axes[variable.path] = kernels.get(id(variable), tuple(range(1, len(variable.shape))))
+    return axes
+
+
+def _summed_axes(equation, rank):
+    """The axes of an `EinsumDense` kernel that its equation sums over
+    (those missing from the output); all but the last if unclear."""
+    inputs, output = equation.split("->")
+    kernel = inputs.split(",")[-1].strip()
+    if "." in kernel or len(kernel) != rank:
+        return tuple(range(rank - 1))
+    summed = tuple(i for i, letter in enumerate(kernel) if letter not in output)
+    return summed or tuple(range(rank - 1))
+
+
+def _is_float(dtype):
+    import keras
+
+    return "float" in keras.backend.standardize_dtype(dtype)
+
+
+def check_storage(weights_storage):
+    if weights_storage not in STORAGES:
+        raise ValueError(
+            f"`weights_storage` must be one of {STORAGES}, got {weights_storage!r}: \"float\" stores the "
+            "weights as the model holds them (model.weights.h5), \"int8\" in about half the size "
+            f"({INT8_WEIGHTS_FILE})."
+        )
+
+
+def check_storable(backbone):
+    """Refuses a model that Keras already quantized (its int8 weights are
+    stored as such in model.weights.h5)."""
+    quantized = [
+        layer.name for layer in backbone._flatten_layers()
+        if getattr(getattr(layer, "dtype_policy", None), "quantization_mode", None)
+    ]
+    if quantized:
+        raise ValueError(
+            f"This model computes with quantized weights (`quantize`, layer {quantized[0]!r}); "
+            "`weights_storage=\"int8\"` stores the weights of a float model. Save it with the default "
+            "`weights_storage=\"float\"`: its int8 weights are stored as they are."
+        )
+
+
+def write_weights(backbone, path):
+    """Writes the weights of `backbone` into `path` as int8 (see the
+    module's docstring for the format)."""
+    import keras
+
+    axes = channel_axes(backbone)
+    arrays = {FORMAT_KEY: np.array(FORMAT)}
+    for variable in backbone.weights:
+        values = keras.ops.convert_to_numpy(variable)
+        if variable.path in axes:
+            if not np.all(np.isfinite(values)):
+                raise ValueError(
+                    f"Cannot store the weights in int8: {variable.path!r} holds NaN or infinite values. "
+                    "Save weights from before training diverged."
+                )
+            arrays[variable.path], arrays[variable.path + SCALE_SUFFIX] = quantize(values, axes[variable.path])
+        elif _is_float(variable.dtype) and values.dtype not in (np.float16, np.float32, np.float64):
+            arrays[variable.path] = values.astype("float32")  # bfloat16, which NumPy cannot store
+        else:
+            arrays[variable.path] = values
+    # Compressed as `numpy.savez_compressed` does: int8 values of a trained
+    # model are not uniform, and deflate takes about a tenth more off.
+    with zipfile.ZipFile(path, "w", compression=zipfile.ZIP_DEFLATED) as archive:
+        for key, array in arrays.items():
+            entry = zipfile.ZipInfo(key + ".npy", date_time=_DATE)
+            entry.compress_type = zipfile.ZIP_DEFLATED
+            with archive.open(entry, "w", force_zip64=True) as f:
+                np.lib.format.write_array(f, np.asarray(array, order="C"), allow_pickle=False)
+
+
+def store_backbone(backbone, directory):
+    """Puts the int8 weights of `backbone` in place of the float weights
+    files that a save wrote into `directory`."""
+    write_weights(backbone, os.path.join(directory, INT8_WEIGHTS_FILE))
+    for name in matching(directory, WEIGHTS_ENTRIES) - {INT8_WEIGHTS_FILE}:
+        os.remove(os.path.join(directory, name))
+
+
+def stored_in_int8(directory, metadata=None):
+    """Whether the preset in `directory` (a local directory, or a handle
+    whose `metadata` is given) keeps its weights in int8."""
+    if metadata is None:
+        from keras_transformer.presets.registry import preset_metadata
+
+        metadata = preset_metadata(directory)
+    if metadata.get(STORAGE_KEY) == "int8":
+        return True
+    # metadata.json lost or rewritten by hand: the files say it.
+    return (
+        "://" not in directory
+        and os.path.isfile(os.path.join(directory, INT8_WEIGHTS_FILE))
+        and not matching(directory, WEIGHTS_ENTRIES) - {INT8_WEIGHTS_FILE}
+    )
+
+
+def _corrupt(path, error):
+    return PresetError(
+        f"The weights file {path!r} is corrupt or truncated ({type(error).__name__}: {error}). "
+        "Copy the preset again or save the model again."
+    )
+
+
+def check_file(path):
+    """A readable int8 weights file: every entry's checksum (CRC-32) holds
+    and it names its format."""
+    try:
+        with zipfile.ZipFile(path) as archive:
+            damaged = archive.testzip()
+            if damaged is not None:
+                raise zipfile.BadZipFile(f"the entry {damaged!r} is damaged")
+        with np.load(path, allow_pickle=False) as stored:
+            found = stored[FORMAT_KEY].item() if FORMAT_KEY in stored.files else None
+    except Exception as error:  # zipfile's, zlib's and NumPy's errors of a damaged archive
+        raise _corrupt(path, error) from error
+    if found != FORMAT:
+        raise PresetError(
+            f"The weights file {path!r} is not int8 weights of keras_transformer (its {FORMAT_KEY!r} is "
+            f"{found!r}, expected {FORMAT!r}): it was made by hand or by another version. Save the model "
+            "again, or convert the preset again with `keras_transformer.presets.store_int8`."
+        )
+
+
+def load_weights(backbone, path, directory):
+    """Assigns the int8 weights in `path` to `backbone`'s variables, as
+    floats of the variables' dtype.
+
+    Raises:
+        PresetError: `path` is corrupt, or its variables are not exactly
+            those of `backbone` (the config in `directory` is another
+            model's).
+    """
+    from keras_transformer.presets.checks import weights_do_not_fit
+
+    check_file(path)
+    try:
+        with np.load(path, allow_pickle=False) as stored:
+            arrays = {key: stored[key] for key in stored.files if key != FORMAT_KEY}
+    except Exception as error:  # read again after the check: a damaged entry
+        raise _corrupt(path, error) from error
+    values = {}
+    for variable in backbone.weights:
+        shape = tuple(variable.shape)
+        if variable.path not in arrays:
+            raise weights_do_not_fit(directory, f"they hold no variable {variable.path!r} {shape}", path)
+        value = arrays.pop(variable.path)
+        scale = arrays.pop(variable.path + SCALE_SUFFIX, None)
+        if value.shape != shape:
+            raise weights_do_not_fit(
+                directory, f"{variable.path!r} has shape {value.shape} there, {shape} in the model", path
+            )
+        if scale is not None:
+            fits = scale.ndim == value.ndim and all(s in (1, n) for s, n in zip(scale.shape, shape))
+            if value.dtype != np.int8 or not fits or not np.all(np.isfinite(scale)):
+                raise _corrupt(path, ValueError(
+                    f"{variable.path!r} is stored as {value.dtype} {value.shape} with scales {scale.dtype} "
+                    f"{scale.shape}; expected int8 with finite scales that broadcast"
+                ))
+            value = dequantize(value, scale)
+        values[variable.path] = value
+    if arrays:
+        extra = sorted(key for key in arrays if not key.endswith(SCALE_SUFFIX)) or sorted(arrays)
+        raise weights_do_not_fit(
+            directory,
+            f"they hold variables the model lacks ({len(extra)}, such as {extra[0]!r}; the model has "
+            f"num_layers {getattr(backbone, 'num_layers', '?')})",
+            path,
+        )
+    for variable in backbone.weights:
+        variable.assign(values[variable.path])
+
+
+def store_int8(preset, output_dir=None):
+    """Converts a preset's weights to int8 storage, in place or into
+    `output_dir`.
+
+    The preset's backbone weights, and those of each model of an ensemble
+    preset (`ensemble/1`, ...), are stored in `model.weights.int8.npz`
+    (about half the size of float16 weights) in place of
+    `model.weights.h5`; every other file is kept as it is, and
+    `metadata.json` records `"weights_storage": "int8"` and the new
+    file's SHA-256. Loading such a preset gives a float model, as before:
+    see `keras_transformer.presets.int8` for the format and the error
+    bound. Models already stored in int8 are left as they are.
+
+    The conversion is written into a fresh directory and moved into place
+    at the end: if it fails, `preset` and `output_dir` are left as they
+    were.
+
+    Args:
+        preset: a preset directory, or the name of a shipped preset (then
+            with `output_dir`: the package's own files are not changed).
+        output_dir: where to write the converted preset; `None` converts
+            `preset` in place.
+
+    Returns:
+        The directory of the converted preset.
+
+    Example:
+
+    ```python
+    from keras_transformer import presets
+    from keras_transformer.models import TransformerSeq2SeqLM
+
+    presets.store_int8("transformer_multi30k_en_de", "en-de-int8")
+    model = TransformerSeq2SeqLM.from_preset("en-de-int8")  # a float32 model
+    # The same, when saving a model:
+    model.save_to_preset("en-de-int8", weights_storage="int8")
+    ```
+    """
+    import shutil
+
+    from keras_transformer.presets.checks import check
+    from keras_transformer.presets.ensembles import member_paths
+    from keras_transformer.presets.layout import PRESET_ENTRIES
+    from keras_transformer.presets.registry import resolve
+    from keras_transformer.presets.registry import shipped_directories
+    from keras_transformer.presets.saving import record
+    from keras_transformer.presets.saving import saving
+
+    preset = os.fspath(preset)
+    if "://" in preset:
+        raise PresetError(
+            f"Cannot convert {preset!r} where it is: download the preset and give its directory (and "
+            "`output_dir` for the converted copy)."
+        )
+    if output_dir is None and preset in shipped_directories():
+        raise PresetError(
+            f"{preset!r} is a preset shipped inside the package: give `output_dir` for the converted copy."
+        )
+    check(preset)
+    source = os.path.abspath(resolve(preset))
+    members = member_paths(source)
+    for path in members:
+        check(os.path.join(source, path))
+    with saving(output_dir or source, {STORAGE_KEY: "int8"}, PRESET_ENTRIES) as staging:
+        for name in os.listdir(source):
+            if name.startswith("."):  # another save's staging, or the user's hidden files
+                continue
+            copy = shutil.copytree if os.path.isdir(os.path.join(source, name)) else shutil.copy2
+            copy(os.path.join(source, name), os.path.join(staging, name))
+        for path in ["", *members]:
+            directory = os.path.join(staging, path)
+            if not stored_in_int8(directory):
+                store_backbone(_float_backbone(os.path.join(source, path)), directory)
+            if path:  # the top directory's metadata is recorded by `saving`
+                record(directory, {STORAGE_KEY: "int8"})
+    return os.path.abspath(output_dir or source)
+
+
+def _float_backbone(directory):
+    """The float32 backbone of the preset in `directory`, with its weights
+    (checked as `from_preset` checks them)."""
+    import json
+
+    from keras_hub.src.utils.preset_utils import check_config_class
+
+    with open(os.path.join(directory, CONFIG_FILE), encoding="utf-8") as f:
+        cls = check_config_class(json.load(f))
+    return cls.from_preset(directory, dtype="float32")
