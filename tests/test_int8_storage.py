@@ -94,7 +94,9 @@ def token_inputs(rows, vocabulary_size=64, seed=0):
 def test_round_trip_of_a_task_stored_in_int8(tmp_path):
     model = small_model()
     model.save_to_preset(tmp_path / "int8", weights_storage="int8")
-    assert sorted(os.listdir(tmp_path / "int8")) == sorted(["config.json", INT8_FILE, "metadata.json", "task.json"])
+    assert sorted(os.listdir(tmp_path / "int8")) == sorted(
+        ["config.json", INT8_FILE, "model.weights.json", "metadata.json", "task.json"]
+    )
     metadata = json.loads((tmp_path / "int8" / "metadata.json").read_text())
     assert metadata["weights_storage"] == "int8"
     assert list(metadata["weights_sha256"]) == [INT8_FILE]
@@ -120,9 +122,17 @@ def test_round_trip_of_a_task_stored_in_int8(tmp_path):
             else:
                 assert variable.path + ":scale" not in stored.files
 
-    # Saved again as float over it: the int8 file and its record go.
+    # keras-hub's own loader reads it too, through its index.
+    import keras_hub
+
+    for through_keras_hub in (keras_hub.models.Seq2SeqLM.from_preset(str(tmp_path / "int8")),
+                              keras_hub.models.Backbone.from_preset(str(tmp_path / "int8"))):
+        assert_int8_copy(getattr(through_keras_hub, "backbone", through_keras_hub), model.backbone)
+
+    # Saved again as float over it: the int8 file, its index and its record go.
     loaded.save_to_preset(tmp_path / "int8")
     assert not (tmp_path / "int8" / INT8_FILE).exists()
+    assert not (tmp_path / "int8" / "model.weights.json").exists()
     assert "weights_storage" not in json.loads((tmp_path / "int8" / "metadata.json").read_text())
     assert_int8_copy(TransformerBackbone.from_preset(tmp_path / "int8"), model.backbone)
 

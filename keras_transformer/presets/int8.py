@@ -40,6 +40,7 @@ of axes (size 1 on the summed axes) so that `q * scale` broadcasts;
 which loading checks as it does for `model.weights.h5`.
 """
 
+import json
 import os
 import zipfile
 
@@ -47,6 +48,7 @@ import numpy as np
 
 from keras_transformer.presets.layout import CONFIG_FILE
 from keras_transformer.presets.layout import INT8_WEIGHTS_FILE
+from keras_transformer.presets.layout import SHARDED_WEIGHTS_INDEX
 from keras_transformer.presets.layout import STORAGE_KEY
 from keras_transformer.presets.layout import WEIGHTS_ENTRIES
 from keras_transformer.presets.layout import PresetError
@@ -55,6 +57,8 @@ from keras_transformer.utils.files import matching
 FORMAT_KEY = "__format__"
 FORMAT = "keras_transformer int8 weights, version 1"
 SCALE_SUFFIX = ":scale"
+# model.weights.json of a preset stored in int8 (see `write_index`).
+INDEX = {STORAGE_KEY: "int8", "weight_map": {"*": INT8_WEIGHTS_FILE}}
 STORAGES = ("float", "int8")
 # The entries' date in the archive: fixed, so that the same weights give
 # the same bytes (and SHA-256) at every save.
@@ -190,10 +194,36 @@ def write_weights(backbone, path):
 
 def store_backbone(backbone, directory):
     """Puts the int8 weights of `backbone` in place of the float weights
-    files that a save wrote into `directory`."""
+    files that a save wrote into `directory`, with their index."""
     write_weights(backbone, os.path.join(directory, INT8_WEIGHTS_FILE))
     for name in matching(directory, WEIGHTS_ENTRIES) - {INT8_WEIGHTS_FILE}:
         os.remove(os.path.join(directory, name))
+    write_index(directory)
+
+
+def write_index(directory):
+    """Writes the index of the int8 weights in `directory`.
+
+    keras-hub's own loader (`keras_hub.models.Seq2SeqLM.from_preset`,
+    which has no hook for another weights format) reads a preset without
+    `model.weights.h5` as sharded: it fetches the files that
+    `model.weights.json` maps to (downloading them for a `kaggle://` or
+    `hf://` handle) and passes the index to the backbone's `load_weights`,
+    which reads this one as int8 weights (`TransformerBackbone.load_weights`).
+    """
+    with open(os.path.join(directory, SHARDED_WEIGHTS_INDEX), "w") as f:
+        json.dump(INDEX, f, indent=1)
+
+
+def is_index(path):
+    """Whether `path` is the index of int8 weights that `write_index` wrote."""
+    if os.path.basename(os.fspath(path)) != SHARDED_WEIGHTS_INDEX or not os.path.isfile(path):
+        return False
+    try:
+        with open(path) as f:
+            return json.load(f).get(STORAGE_KEY) == "int8"
+    except (OSError, ValueError, AttributeError):
+        return False
 
 
 def stored_in_int8(directory, metadata=None):
@@ -206,11 +236,12 @@ def stored_in_int8(directory, metadata=None):
     if metadata.get(STORAGE_KEY) == "int8":
         return True
     # metadata.json lost or rewritten by hand: the files say it.
-    return (
-        "://" not in directory
-        and os.path.isfile(os.path.join(directory, INT8_WEIGHTS_FILE))
-        and not matching(directory, WEIGHTS_ENTRIES) - {INT8_WEIGHTS_FILE}
-    )
+    if "://" in directory or not os.path.isfile(os.path.join(directory, INT8_WEIGHTS_FILE)):
+        return False
+    others = matching(directory, WEIGHTS_ENTRIES) - {INT8_WEIGHTS_FILE}
+    if is_index(os.path.join(directory, SHARDED_WEIGHTS_INDEX)):
+        others -= {SHARDED_WEIGHTS_INDEX}
+    return not others
 
 
 def _corrupt(path, error):
@@ -362,6 +393,8 @@ def store_int8(preset, output_dir=None):
             directory = os.path.join(staging, path)
             if not stored_in_int8(directory):
                 store_backbone(_float_backbone(os.path.join(source, path)), directory)
+            elif not is_index(os.path.join(directory, SHARDED_WEIGHTS_INDEX)):
+                write_index(directory)  # stored without one
             if path:  # the top directory's metadata is recorded by `saving`
                 record(directory, {STORAGE_KEY: "int8"})
     return os.path.abspath(output_dir or source)

@@ -1,6 +1,8 @@
 """The encoder-decoder of "Attention Is All You Need" (paper section 3,
 Figure 1) as a functional Keras model."""
 
+import os
+
 import keras
 import keras_hub
 
@@ -12,6 +14,8 @@ from keras_transformer.layers.encoder import TransformerEncoderLayer
 from keras_transformer.layers.position import LearnedPositionEmbedding
 from keras_transformer.layers.position import SinusoidalPositionEncoding
 from keras_transformer.presets import PresetIO
+from keras_transformer.presets import int8
+from keras_transformer.presets.layout import INT8_WEIGHTS_FILE
 
 POSITION_ENCODINGS = ("sinusoidal", "learned")
 
@@ -332,6 +336,15 @@ class TransformerBackbone(PresetIO, keras_hub.models.Backbone):
             layer.self_attention.empty_cache(batch_size, max_length, self.compute_dtype)
             for layer in self.decoder_layers
         ]
+
+    def load_weights(self, filepath, *args, **kwargs):
+        """Keras' `load_weights`, which also reads the index of weights
+        stored in int8 (`keras_transformer.presets.int8`): the file that
+        keras-hub's own loader passes for such a preset."""
+        if int8.is_index(filepath):
+            directory = os.path.dirname(os.fspath(filepath))
+            return int8.load_weights(self, os.path.join(directory, INT8_WEIGHTS_FILE), directory)
+        return super().load_weights(filepath, *args, **kwargs)
 
     def get_config(self):
         config = super().get_config()
