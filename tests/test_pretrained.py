@@ -65,11 +65,13 @@ def test_the_multi30k_presets_ship_with_their_record():
             for stage in member["stages"]:
                 assert stage["command"].startswith("python examples/multi30k_token_ids.py train")
         assert "non-commercial" in info["data_terms"]
-        # Loading checks each model's weights against its recorded SHA-256.
+        # Loading checks each model's weights against its recorded SHA-256;
+        # they are stored in int8 (keras_transformer.presets.int8).
         for directory in [info["path"], *(os.path.join(info["path"], path) for path in info["ensemble"])]:
-            with open(os.path.join(directory, "model.weights.h5"), "rb") as f:
-                recorded = presets.read_metadata(directory)["weights_sha256"]
-                assert recorded == {"model.weights.h5": hashlib.sha256(f.read()).hexdigest()}
+            metadata = presets.read_metadata(directory)
+            assert metadata["weights_storage"] == "int8"
+            with open(os.path.join(directory, "model.weights.int8.npz"), "rb") as f:
+                assert metadata["weights_sha256"] == {"model.weights.int8.npz": hashlib.sha256(f.read()).hexdigest()}
     assert total < 40 * 10**6
 
 
