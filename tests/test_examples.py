@@ -368,13 +368,19 @@ def test_an_ensemble_preset_among_the_weights_scored_or_distilled_counts_as_all_
     import pytest
 
     from keras_transformer.presets.ensembles import member_paths
+    from keras_transformer.presets.registry import resolve
 
     token_ids_example = _load_example("multi30k_token_ids")
     models = token_ids_example._models_of(["run.npz", "transformer_multi30k_en_de"])
     assert len(models) == 2 + len(member_paths("transformer_multi30k_en_de")) and len(models) > 2
     assert models[:2] == ["run.npz", "transformer_multi30k_en_de"]
     # Each further model is a backbone preset whose sizes the example reads.
-    assert {token_ids_example._weights_architecture(path)["d_model"] for path in models[2:]} == {128}
+    for path in models[2:]:
+        with open(os.path.join(resolve(path), "config.json")) as f:
+            config = json.load(f)["config"]
+        assert token_ids_example._weights_architecture(path) == {
+            key: config[key] for key in ("num_layers", "d_model", "d_ff", "num_heads")
+        }
     # An ensemble preset's scores are no model's record.
     args = argparse.Namespace(token_ids="pairs.npz", pair="en-de", weights=["transformer_multi30k_en_de"],
                               score_limit=None, output=None)
