@@ -173,9 +173,12 @@ def test_logits_of_the_int8_preset_are_close_to_the_float_preset(tmp_path):
     assert np.abs(got - expected).max() < 0.02 * np.abs(expected).max()
 
 
+@once
 def test_greedy_translations_of_a_trained_model_stored_in_int8_are_unchanged(tmp_path):
-    """The shipped preset's first model (trained, float16 weights) saved
-    with int8 storage translates as it does from the float16 preset."""
+    """A trained model in float32 saved with int8 storage translates as it
+    does in float32. (The shipped preset's first model, itself stored in
+    int8, moved off the int8 grid by up to 0.45 of a step per weight: float
+    weights whose storage is the shipped ones.)"""
     sentences = [
         "A man is riding a bicycle.",
         "Two dogs are playing in the snow.",
@@ -183,6 +186,12 @@ def test_greedy_translations_of_a_trained_model_stored_in_int8_are_unchanged(tmp
         "Children are playing soccer on a field.",
     ]
     model = TransformerSeq2SeqLM.from_preset("transformer_multi30k_en_de", load_ensemble=False)
+    rng = np.random.default_rng(0)
+    for variable in model.backbone.weights:
+        w = to_numpy(variable).astype("float32")
+        _, scale = reference_dequantized(variable.path, w)
+        if scale is not None:
+            variable.assign(w + rng.uniform(-0.45, 0.45, w.shape).astype("float32") * scale)
     model.save_to_preset(tmp_path / "int8", weights_storage="int8")
     stored = TransformerSeq2SeqLM.from_preset(tmp_path / "int8")
     assert stored.generate(sentences, sampler="greedy") == model.generate(sentences, sampler="greedy")
