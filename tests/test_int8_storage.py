@@ -197,6 +197,7 @@ def test_greedy_translations_of_a_trained_model_stored_in_int8_are_unchanged(tmp
     assert stored.generate(sentences, sampler="greedy") == model.generate(sentences, sampler="greedy")
 
 
+@once
 def test_an_ensemble_preset_stores_its_members_in_int8(tmp_path):
     first, second = small_model(seed=1), small_model(seed=2, num_layers=2)
     first.set_ensemble_members([second])
