@@ -1,5 +1,7 @@
 """Shared test helpers."""
 
+import os
+
 import keras
 import pytest
 
@@ -29,3 +31,13 @@ def assert_config_round_trip(obj):
 once = pytest.mark.skipif(
     keras.config.backend() != "torch", reason="the same on every backend: runs in PyTorch's run"
 )
+
+
+def directory_contents(directory):
+    """Every file under `directory`, by relative path, with its bytes."""
+    found = {}
+    for root, _, names in os.walk(directory):
+        for name in names:
+            with open(os.path.join(root, name), "rb") as f:
+                found[os.path.relpath(os.path.join(root, name), directory)] = f.read()
+    return found

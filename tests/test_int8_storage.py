@@ -18,6 +18,7 @@ from keras_transformer.models import TransformerSeq2SeqLM
 from keras_transformer.presets import PresetError
 from keras_transformer.presets import int8
 
+from helpers import directory_contents
 from helpers import once
 from helpers import to_numpy
 
@@ -303,15 +304,7 @@ def test_a_damaged_int8_file_is_named(int8_preset, damage, named):
 
 @once
 def test_failed_saves_and_conversions_leave_the_files_as_they_were(int8_preset, monkeypatch, tmp_path):
-    def contents(directory):
-        found = {}
-        for root, _, names in os.walk(directory):
-            for name in names:
-                with open(os.path.join(root, name), "rb") as f:
-                    found[os.path.relpath(os.path.join(root, name), directory)] = f.read()
-        return found
-
-    before = contents(int8_preset)
+    before = directory_contents(int8_preset)
     other = small_model(seed=9)
 
     def fail(backbone, path):
@@ -322,14 +315,14 @@ def test_failed_saves_and_conversions_leave_the_files_as_they_were(int8_preset, 
     monkeypatch.setattr(int8, "write_weights", fail)
     with pytest.raises(OSError, match="disk full"):
         other.save_to_preset(int8_preset, weights_storage="int8")
-    assert contents(int8_preset) == before
+    assert directory_contents(int8_preset) == before
     assert sorted(os.listdir(tmp_path)) == ["preset"]  # no staging left
 
     # A conversion that fails on the ensemble's second model.
     first, second = small_model(seed=1), small_model(seed=2, num_layers=2)
     first.set_ensemble_members([second])
     first.save_to_preset(tmp_path / "float")
-    floats = contents(tmp_path / "float")
+    floats = directory_contents(tmp_path / "float")
     calls = []
     monkeypatch.undo()
     write_weights = int8.write_weights
@@ -346,7 +339,7 @@ def test_failed_saves_and_conversions_leave_the_files_as_they_were(int8_preset, 
         with pytest.raises(OSError, match="disk full"):
             presets.store_int8(tmp_path / "float", output)
         assert len(calls) == 2
-        assert contents(tmp_path / "float") == floats
+        assert directory_contents(tmp_path / "float") == floats
         assert not (tmp_path / "converted").exists()
     monkeypatch.undo()
 

@@ -17,6 +17,7 @@ from keras_transformer.models import TransformerSeq2SeqLMPreprocessor
 from keras_transformer.models import TransformerTokenizer
 from keras_transformer.presets import PresetError
 
+from helpers import directory_contents
 from helpers import to_numpy
 
 SOURCES = ["Ein Hund läuft über die Wiese.", "Zwei Männer spielen Fußball.", "Eine Frau liest."]
@@ -185,15 +186,7 @@ def test_a_failed_save_leaves_the_preset_as_it_was(saved, monkeypatch, tmp_path)
     with open(os.path.join(directory, "NOTES.txt"), "w") as f:
         f.write("the user's own file")
 
-    def contents():
-        found = {}
-        for root, _, names in os.walk(directory):
-            for name in names:
-                with open(os.path.join(root, name), "rb") as f:
-                    found[os.path.relpath(os.path.join(root, name), directory)] = f.read()
-        return found
-
-    before = contents()
+    before = directory_contents(directory)
     other = tiny_model(model.preprocessor.tokenizer)
 
     def fail(*args, **kwargs):
@@ -203,13 +196,13 @@ def test_a_failed_save_leaves_the_preset_as_it_was(saved, monkeypatch, tmp_path)
     monkeypatch.setattr(TransformerSeq2SeqLMPreprocessor, "save_to_preset", fail)
     with pytest.raises(OSError, match="disk full"):
         other.save_to_preset(directory)
-    assert contents() == before
+    assert directory_contents(directory) == before
     assert sorted(os.listdir(tmp_path)) == ["preset"]  # no staging left
     monkeypatch.undo()
 
     # A save that succeeds replaces the preset and keeps the user's file.
     other.save_to_preset(directory)
-    after = contents()
+    after = directory_contents(directory)
     assert after["NOTES.txt"] == before["NOTES.txt"]
     assert after["model.weights.h5"] != before["model.weights.h5"]
     assert sorted(os.listdir(tmp_path)) == ["preset"]
