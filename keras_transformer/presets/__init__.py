@@ -86,15 +86,8 @@ class PresetIO:
         load_weights = kwargs.get("load_weights", True)
         check(preset, cls.preset_needs, load_weights)
         directory = resolve(os.fspath(preset))
-        # Weights stored in int8 (presets/int8.py), which keras-hub cannot
-        # read: the model is built without weights, then given them here.
-        int8_storage = (
-            load_weights
-            and issubclass(cls, (keras_hub.models.Backbone, keras_hub.models.Task))
-            and int8.stored_in_int8(directory)
-        )
-        if int8_storage:
-            kwargs = {**kwargs, "load_weights": False}
+        # Weights stored in int8 load through keras-hub's loader too: it
+        # passes their index to `TransformerBackbone.load_weights`.
         try:
             loaded = super().from_preset(directory, *args, **kwargs)
         except PresetError:
@@ -102,7 +95,7 @@ class PresetIO:
         except (TypeError, ValueError, KeyError) as error:
             if "://" in directory:
                 raise
-            if kwargs.get("load_weights", True) and _builds_without_weights(super(), directory, args, kwargs):
+            if load_weights and _builds_without_weights(super(), directory, args, kwargs):
                 # Keras refuses weights of other shapes than the config's.
                 raise weights_do_not_fit(directory, f"{type(error).__name__}: {error}") from error
             # Keras' safe mode and deserialization refuse edited or crafted
@@ -113,9 +106,7 @@ class PresetIO:
                 "They were edited or made by hand, or by another version: save the model again."
             ) from error
         backbone = getattr(loaded, "backbone", loaded)
-        if int8_storage:
-            _load_int8_weights(loaded, directory, kwargs.get("load_task_weights", True))
-        elif load_weights and "://" not in directory and isinstance(backbone, keras_hub.models.Backbone):
+        if load_weights and "://" not in directory and isinstance(backbone, keras_hub.models.Backbone):
             check_loaded(directory, backbone)
         if getattr(loaded, "_compile_defaults_after_loading", False):
             # keras-hub compiles a task when it builds it, before it loads
@@ -183,26 +174,6 @@ def _builds_without_weights(loader, directory, args, kwargs):
     except Exception:  # the config's own error is the one to report
         return False
     return True
-
-
-def _load_int8_weights(loaded, directory, load_task_weights):
-    """Gives a model built without weights those of its int8 preset (and
-    a task's own weights, kept in task.weights.h5)."""
-    import keras_hub
-
-    if "://" in directory:
-        from keras_hub.src.utils.preset_utils import get_file
-
-        def path(name):
-            return get_file(directory, name)
-    else:
-        def path(name):
-            return os.path.join(directory, name)
-
-    backbone = getattr(loaded, "backbone", loaded)
-    int8.load_weights(backbone, path(INT8_WEIGHTS_FILE), directory)
-    if isinstance(loaded, keras_hub.models.Task) and load_task_weights and loaded.has_task_weights():
-        loaded.load_task_weights(path(TASK_WEIGHTS_FILE))
 
 
 def _task_names(backbone_cls):
