@@ -2,8 +2,9 @@
 
 The preset is written out with `keras_transformer.convert.export_marian`,
 converted by CTranslate2's own `TransformersConverter` (what
-`ct2-transformers-converter` runs) in float32 and int8, and both engines
-(this package in float32, with int8 weights and in bfloat16, and an
+`ct2-transformers-converter` runs) in float32 and int8 (and bfloat16
+where CTranslate2 lists it among its CPU compute types: its 4.8.5 wheel
+did not on an Intel Xeon with AMX), and both engines (this package in float32, with int8 weights and in bfloat16, and an
 ensemble preset's every model together in float32) translate the same
 Multi30k test_2016_flickr sources with beam 4 and the same ranking:
 log P / |Y|^0.6 (this package's `length_penalty="length"`, CTranslate2's
@@ -12,9 +13,11 @@ to text with the preset's tokenizer (CTranslate2 takes and gives tokens:
 the timed call tokenizes and detokenizes for it as `generate` does for
 this package). Sentences per second at batch 1 and batch 64 (a second
 pass, after a pass that compiles or warms up), BLEU (sacreBLEU, cased) of
-the batch-64 pass. CTranslate2 runs with as many threads as the machine
-has cores, each timing in a process of its own; this package runs on
-each Keras backend in its own process. CTranslate2's float32 is timed again
+the batch-64 pass. CTranslate2 runs with one thread and with one a core,
+each timing in a process of its own, and each of its columns is the
+faster of the two (its rows name the thread counts, batch 1 / batch 64);
+this package runs on each Keras backend in its own process, with the
+backend's default threads. CTranslate2's float32 is timed again
 after each backend, and each backend's ratios are to the mean of the
 timings around it (see `compare`).
 """
@@ -29,6 +32,22 @@ import time
 
 ALPHA, BEAM, OFFSET = 0.6, 4, 50
 DTYPES = ("float32", "int8")
+# CTranslate2's `intra_threads`: one, and one a core; each column of its
+# rows is the faster of the two. On a 2-core Intel Xeon (AMX) its float32
+# translated one sentence at a time at 100.5 sentences/s with one thread
+# and 9.4 with two, 64 at a time at 282 and 142: with a thread a core it
+# waits on its threads, and the anchor would be far below its best.
+THREADS = tuple(sorted({1, os.cpu_count() or 1}))
+
+
+def ctranslate2_dtypes():
+    """CTranslate2's weight types to time: float32 and int8, and bfloat16
+    where CTranslate2 computes in it on this CPU (the peer of this
+    package's bfloat16 row)."""
+    import ctranslate2
+
+    supported = ctranslate2.get_supported_compute_types("cpu")
+    return DTYPES + (("bfloat16",) if "bfloat16" in supported else ())
 
 
 def _sources(preset, data_dir, count, ensemble=False):
@@ -92,8 +111,8 @@ def ours_worker(preset, data_dir, batch1, batch64):
 
 def convert(preset, root):
     """The preset's first model written out as a Marian checkpoint and
-    converted by CTranslate2 in float32 and int8, under `root`: the
-    directories by dtype."""
+    converted by CTranslate2 in each of `ctranslate2_dtypes()`, under
+    `root`: the directories by dtype."""
     import ctranslate2
 
     from keras_transformer.convert import export_marian
@@ -102,21 +121,21 @@ def convert(preset, root):
     model = TransformerSeq2SeqLM.from_preset(preset, load_ensemble=False)
     marian_dir = export_marian(model, os.path.join(root, "marian"))
     directories = {}
-    for dtype in DTYPES:
+    for dtype in ctranslate2_dtypes():
         directories[dtype] = os.path.join(root, f"ct2-{dtype}")
         ctranslate2.converters.TransformersConverter(marian_dir).convert(directories[dtype], quantization=dtype)
     return directories
 
 
-def ctranslate2_worker(preset, data_dir, batch1, batch64, directory, dtype):
-    """Times CTranslate2 on one converted model (in a process of its own,
-    see `compare`); prints the row as one JSON line."""
+def ctranslate2_worker(preset, data_dir, batch1, batch64, directory, dtype, threads):
+    """Times CTranslate2 on one converted model with `threads` threads (in
+    a process of its own, see `compare`); prints the row as one JSON line."""
     import ctranslate2
     import sacrebleu
 
     model, sources, references = _sources(preset, data_dir, max(batch1, batch64))
     tokenizer = model.preprocessor.tokenizer
-    translator = ctranslate2.Translator(directory, device="cpu", intra_threads=os.cpu_count() or 1)
+    translator = ctranslate2.Translator(directory, device="cpu", intra_threads=int(threads))
 
     def translate(texts):
         # Text to text, as this package's `generate`: the preset's
@@ -131,8 +150,16 @@ def ctranslate2_worker(preset, data_dir, batch1, batch64, directory, dtype):
     speed1, _ = _timed(translate, sources[:batch1], 1)
     speed64, outputs = _timed(translate, sources[:batch64], 64)
     bleu = sacrebleu.corpus_bleu(outputs, [references[:batch64]]).score
-    print(json.dumps({"engine": f"CTranslate2 {ctranslate2.__version__}", "dtype": dtype,
+    print(json.dumps({"engine": f"CTranslate2 {ctranslate2.__version__}", "dtype": dtype, "threads": int(threads),
                       "batch1": speed1, "batch64": speed64, "bleu": bleu}))
+
+
+def _best_of_threads(timings):
+    """One CTranslate2 row from its timings with each thread count: each
+    column's best, and the thread counts that gave it."""
+    best1 = max(timings, key=lambda t: t["batch1"])
+    best64 = max(timings, key=lambda t: t["batch64"])
+    return {**best64, "batch1": best1["batch1"], "threads": f"{best1['threads']} / {best64['threads']}"}
 
 
 def processor():
@@ -160,8 +187,9 @@ def _worker(script, args, backend, *extra):
 
 
 def compare(args, script):
-    """The table: CTranslate2 float32 and int8, then this package per
-    backend, with ratios to CTranslate2 float32.
+    """The table: CTranslate2 float32 and int8 (and bfloat16, where this
+    CPU has it), then this package per backend, with ratios to
+    CTranslate2 float32.
 
     Each CTranslate2 timing runs in a process of its own, on JAX (for the
     preset's tokenizer) with TensorFlow left out: in a process that had
@@ -182,10 +210,18 @@ def compare(args, script):
         directories = convert(args.preset, root)
 
         def ctranslate2(dtype):
-            print(f"timing CTranslate2 {dtype} ...", file=sys.stderr, flush=True)
-            return _worker(script, args, "jax", "--ctranslate2-engine", directories[dtype], dtype)[0]
+            # CTranslate2's best of one thread and one a core, each column
+            # on its own (see `_best_of_threads`).
+            timings = []
+            for threads in THREADS:
+                print(f"timing CTranslate2 {dtype}, {threads} thread(s) ...", file=sys.stderr, flush=True)
+                timings += _worker(script, args, "jax", "--ctranslate2-engine", directories[dtype], dtype,
+                                   str(threads))
+            every.append(timings)
+            return _best_of_threads(timings)
 
-        rows = [ctranslate2(dtype) for dtype in DTYPES]
+        every = []
+        rows = [ctranslate2(dtype) for dtype in directories]
         anchors = [rows[0]]
         for row in rows:
             row["anchor"] = rows[0]
@@ -199,12 +235,16 @@ def compare(args, script):
     print("| --- | --- | ---: | ---: | ---: | ---: | ---: |")
     for row in rows:
         anchor = row["anchor"]
-        print(f"| {row['engine']} | {row['dtype']} | {row['batch1']:.1f} | {row['batch64']:.1f} "
+        engine = row["engine"] + (f" (threads {row['threads']})" if "threads" in row else "")
+        print(f"| {engine} | {row['dtype']} | {row['batch1']:.1f} | {row['batch64']:.1f} "
               f"| {row['batch1'] / anchor['batch1']:.2f}x | {row['batch64'] / anchor['batch64']:.2f}x "
               f"| {row['bleu']:.1f} |", flush=True)
     print()
-    print("CTranslate2 float32, timed before the first backend and after each (sentences/s): batch 1 "
-          + ", ".join(f"{a['batch1']:.1f}" for a in anchors) + "; batch 64 "
+    print("CTranslate2 float32, timed before the first backend and after each (sentences/s, its best "
+          "thread count): batch 1 " + ", ".join(f"{a['batch1']:.1f}" for a in anchors) + "; batch 64 "
           + ", ".join(f"{a['batch64']:.1f}" for a in anchors)
           + ". Each backend's ratios are to the mean of the timings before and after it; the"
           " CTranslate2 rows' to the first.")
+    print("CTranslate2 by thread count, every timing in run order (batch 1 / batch 64, sentences/s): "
+          + "; ".join(", ".join(f"{t['dtype']} {t['threads']} thread(s) {t['batch1']:.1f} / {t['batch64']:.1f}"
+                                for t in timings) for timings in every) + ".")

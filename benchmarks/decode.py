@@ -200,7 +200,8 @@ def main():
     )
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--ctranslate2-worker", action="store_true", help=argparse.SUPPRESS)
-    parser.add_argument("--ctranslate2-engine", nargs=2, metavar=("DIRECTORY", "DTYPE"), help=argparse.SUPPRESS)
+    parser.add_argument("--ctranslate2-engine", nargs=3, metavar=("DIRECTORY", "DTYPE", "THREADS"),
+                        help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.ctranslate2_engine:
         # CTranslate2 alone in its process: no TensorFlow (see
