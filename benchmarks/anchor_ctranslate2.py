@@ -4,8 +4,9 @@ The preset is written out with `keras_transformer.convert.export_marian`,
 converted by CTranslate2's own `TransformersConverter` (what
 `ct2-transformers-converter` runs) in float32 and int8 (and bfloat16
 where CTranslate2 lists it among its CPU compute types: its 4.8.5 wheel
-did not on an Intel Xeon with AMX), and both engines (this package in float32, with int8 weights and in bfloat16, and an
-ensemble preset's every model together in float32) translate the same
+did not on an Intel Xeon with AMX), and both engines (this package in
+float32, with int8 weights and in bfloat16, and an ensemble preset's
+every model together in float32) translate the same
 Multi30k test_2016_flickr sources with beam 4 and the same ranking:
 log P / |Y|^0.6 (this package's `length_penalty="length"`, CTranslate2's
 `length_penalty=0.6`), at most source length + 50 tokens, each from text
