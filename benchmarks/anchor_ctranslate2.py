@@ -210,6 +210,8 @@ def compare(args, script):
         print("converting for CTranslate2 ...", file=sys.stderr, flush=True)
         directories = convert(args.preset, root)
 
+        every = []  # every CTranslate2 timing, printed under the table
+
         def ctranslate2(dtype):
             # CTranslate2's best of one thread and one a core, each column
             # on its own (see `_best_of_threads`).
@@ -221,7 +223,6 @@ def compare(args, script):
             every.append(timings)
             return _best_of_threads(timings)
 
-        every = []
         rows = [ctranslate2(dtype) for dtype in directories]
         anchors = [rows[0]]
         for row in rows:
