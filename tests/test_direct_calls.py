@@ -235,14 +235,14 @@ only_torch = pytest.mark.skipif(keras.config.backend() != "torch", reason="the p
         ("pre_norm_and_value_dim", True),
         ("learned_positions_and_bias", True),
         ("bfloat16", True),
-        ("int8", False),
+        ("int8", True),
         ("mixed_bfloat16", False),
     ],
 )
 def test_decoding_steps_run_the_plain_pytorch_step_where_it_applies(variant, plain, monkeypatch):
     """Inside `direct_calls()` a decoder layer's cached step is
     `torch_decoding_step.decoding_step` (float weights computing in their
-    dtype), and Keras' calls otherwise; both give the logits of Keras'
+    dtype, or Keras' int8 weights), and Keras' calls otherwise; both give the logits of Keras'
     `Layer.__call__` (`test_direct_calls_give_the_logits_of_keras_calls`
     checks the numbers of every variant)."""
     from keras_transformer.layers import decoder
@@ -421,32 +421,43 @@ def test_direct_attention_and_row_take_give_keras_results():
 def test_int8_layers_multiply_as_int8_with_keras_results():
     """Quantized to int8, the model's projections, feed-forward layers and
     output projection are each one int8 product on PyTorch
-    (`direct_calls.int8_product`), with the results of Keras' int8 calls."""
+    (`direct_calls.int8_product`), with the results of Keras' int8 calls;
+    in the plain PyTorch decoding step, the self-attention's three
+    projections are one int8 product together."""
     from keras_transformer.layers import direct_calls as module
     from keras_transformer.layers import embedding
+    from keras_transformer.layers import torch_decoding_step
 
     model = _model("int8")
     layers = [layer for layer in model.backbone._flatten_layers() if layer.quantization_mode == "int8"]
     expected = _cached_steps(model)
-    products = []
+    products = {"layers": [], "decoding step": []}
     original = module.int8_product
 
-    def counting(*args):
-        products.append(args[2])
-        return original(*args)
+    def counting(kind):
+        def count(*args):
+            products[kind].append(tuple(args[3].shape))
+            return original(*args)
+
+        return count
 
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(module, "int8_product", counting)
-        patch.setattr(embedding, "int8_product", counting)
+        patch.setattr(module, "int8_product", counting("layers"))
+        patch.setattr(embedding, "int8_product", counting("layers"))
+        patch.setattr(torch_decoding_step, "int8_product", counting("decoding step"))
         with direct_calls():
             direct = _cached_steps(model)
     np.testing.assert_allclose(direct, expected, rtol=1e-5, atol=1e-5)
     kinds = {type(layer).__name__ for layer in layers}
     assert {"Dense", "EinsumDense", "SharedTokenEmbedding"} <= kinds
     assert all(module._torch_call_of(layer) is not None for layer in layers if type(layer).__name__ != "SharedTokenEmbedding")
-    # Per step: 2 layers x (4 self- and 2 cross-attention projections, 2
-    # feed-forward layers) and the output projection, each one int8 product.
-    assert len(products) >= 3 * (2 * 8 + 1)
+    # Per step: 2 decoder layers x (the joined self-attention projections,
+    # its output, the cross-attention's query and output, 2 feed-forward
+    # layers) in the decoding step, and the output projection.
+    d_model = model.backbone.d_model
+    assert len(products["decoding step"]) == 3 * 2 * 6
+    assert products["decoding step"].count((d_model, 3 * d_model)) == 3 * 2
+    assert sum(shape == (d_model, VOCABULARY) for shape in products["layers"]) == 3
 
 
 @pytest.mark.parametrize("rate", [0.1, 0.3])

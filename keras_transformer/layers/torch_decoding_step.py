@@ -17,8 +17,15 @@ product (their matrices side by side), and the encoder padding mask is
 turned into an additive mask once per search, not once per step. The
 decoder layer calls it from `TransformerDecoderLayer._torch_call`, and
 runs its `call` for anything else (a prompt of several positions, masks
-of the target, attention weights asked for, training, quantized or LoRA
-sub-layers, mixed precision).
+of the target, attention weights asked for, training, LoRA sub-layers,
+sub-layers quantized other than to Keras' int8, mixed precision).
+
+Sub-layers with Keras' int8 weights (`model.quantize("int8")`) multiply as
+their own direct call does (`direct_calls.int8_product`: the inputs
+quantized a row at a time, an exact int8 product, de-scaled); the three
+self-attention projections, quantized alike, are one such product, since
+they quantize the same inputs the same way and each output column has its
+own scale.
 
 It computes what `call` computes, in the same order, rounding differently
 only where a fused product does (about 1e-7 of a float32 value):
@@ -32,14 +39,16 @@ from keras.dtype_policies import DTypePolicyMap
 from keras_transformer.layers.direct_calls import _activated
 from keras_transformer.layers.direct_calls import _torch_call_of
 from keras_transformer.layers.direct_calls import additive_mask
+from keras_transformer.layers.direct_calls import int8_product
 from keras_transformer.layers.direct_calls import write_cache
 
 
 class StepWeights:
-    """A decoder layer's weights, as the matrices `decoding_step` reads.
+    """A decoder layer's weights, as the products and norms `decoding_step`
+    calls.
 
     Held on the layer and made again when a weight is replaced or written
-    (PyTorch counts a tensor's in-place writes): the matrices are views of
+    (PyTorch counts a tensor's in-place writes): the products read views of
     the weights, except the self-attention's joined projection, a copy.
     """
 
@@ -50,13 +59,12 @@ class StepWeights:
         with torch.no_grad():
             joined = [attention.query_dense, attention.key_dense, attention.value_dense]
             self.sizes = [dense._kernel_matrix().shape[1] for dense in joined]
-            self.self_projection = torch.cat([dense._kernel_matrix() for dense in joined], dim=1).t().contiguous()
-            self.self_projection_bias = _joined_bias(joined)
-            self.self_output, self.self_output_bias = _matrix(attention.output_dense)
-            self.cross_query, self.cross_query_bias = _matrix(cross.query_dense)
-            self.cross_output, self.cross_output_bias = _matrix(cross.output_dense)
-            self.inner, self.inner_bias = _matrix(feed_forward.inner_dense)
-            self.outer, self.outer_bias = _matrix(feed_forward.output_dense)
+            self.self_projection = _joined_product(joined)
+            self.self_output = _product(attention.output_dense)
+            self.cross_query = _product(cross.query_dense)
+            self.cross_output = _product(cross.output_dense)
+            self.inner = _product(feed_forward.inner_dense)
+            self.outer = _product(feed_forward.output_dense)
             self.norms = [
                 (norm.gamma.value, norm.beta.value, norm.epsilon)
                 for norm in (layer.self_attention_norm, layer.cross_attention_norm, layer.feed_forward_norm)
@@ -66,11 +74,49 @@ class StepWeights:
         self.normalize_first = layer.normalize_first
 
 
-def _matrix(dense):
-    """A dense layer's `(weight, bias)` as `torch.nn.functional.linear`
-    takes them: `(outputs, inputs)` and `(outputs,)` or None."""
-    bias = None if dense.bias is None else dense.bias.value.flatten()
-    return dense._kernel_matrix().t(), bias
+def _product(dense):
+    """`x -> x @ kernel + bias` of a dense layer (`Dense`, or an
+    `EinsumDense` that `direct_calls` reduces to a matrix product), for `x`
+    of `(..., inputs)`: one `torch.nn.functional.linear` call for float
+    weights, Keras' int8 product for int8 ones."""
+    return _joined_product([dense])
+
+
+def _joined_product(denses):
+    """`_product` of dense layers that read the same inputs, their outputs
+    side by side; the layers are all float or all int8 (else each is its
+    own product)."""
+    import torch
+    from torch.nn.functional import linear
+
+    modes = {dense.quantization_mode for dense in denses}
+    if len(modes) > 1:
+        products = [_product(dense) for dense in denses]
+        return lambda x: torch.cat([product(x) for product in products], dim=-1)
+    bias = _joined_bias(denses)
+    if modes == {None}:
+        matrices = [dense._kernel_matrix() for dense in denses]
+        # One matrix: a view of the kernel; several: a copy side by side.
+        weight = (matrices[0] if len(matrices) == 1 else torch.cat(matrices, dim=1).contiguous()).t()
+        return lambda x: linear(x, weight, bias)
+    kernels = [dense._kernel_matrix() for dense in denses]
+    kernel = kernels[0] if len(kernels) == 1 else torch.cat(kernels, dim=1)
+    scale = torch.cat([_int8_scale(dense) for dense in denses])
+    quantizer = denses[0].inputs_quantizer
+
+    def product(x):
+        outputs = int8_product(quantizer, x, 1, kernel, scale, x.dtype)
+        return outputs if bias is None else outputs + bias
+
+    return product
+
+
+def _int8_scale(dense):
+    """An int8 dense layer's `(outputs,)` kernel scales, in the order of its
+    kernel matrix's columns (as its `_torch_int8_call` divides by them)."""
+    if hasattr(dense, "_adjust_scale_for_dequant"):  # EinsumDense
+        return dense._adjust_scale_for_dequant(dense.kernel_scale.value).reshape(-1)
+    return dense.kernel_scale.value.reshape(-1)
 
 
 def _joined_bias(denses):
@@ -85,8 +131,8 @@ def _joined_bias(denses):
 
 def step_weights(layer):
     """`layer`'s `StepWeights`, current with its weights; None where a
-    sub-layer has no plain PyTorch call (quantized, LoRA, or a structure
-    `direct_calls` does not reduce to a product).
+    sub-layer has no plain PyTorch call (LoRA, quantized other than to
+    int8, or a structure `direct_calls` does not reduce to a product).
 
     What it checks at every step is kept short (a step of one sentence's
     beams takes well under a millisecond a layer): that no sub-layer's
@@ -106,7 +152,9 @@ def step_weights(layer):
         cross.query_dense, cross.output_dense, feed_forward.inner_dense, feed_forward.output_dense,
         layer.self_attention_norm, layer.cross_attention_norm, layer.feed_forward_norm,
     )
-    if any(sublayer.quantization_mode is not None or _torch_call_of(sublayer) is None for sublayer in sublayers):
+    if any(
+        sublayer.quantization_mode not in (None, "int8") or _torch_call_of(sublayer) is None for sublayer in sublayers
+    ):
         return None
     weights = StepWeights(layer)
     variables = [(v, v._value, v._value._version) for sublayer in sublayers for v in sublayer.weights]
@@ -169,7 +217,6 @@ def decoding_step(layer, weights, x, index, self_attention_cache, cross_attentio
         `(output, (keys, values))`, as `call` returns them.
     """
     from torch.nn.functional import layer_norm
-    from torch.nn.functional import linear
     from torch.nn.functional import scaled_dot_product_attention
 
     rows, heads = x.shape[0], weights.num_heads
@@ -184,7 +231,7 @@ def decoding_step(layer, weights, x, index, self_attention_cache, cross_attentio
     def self_attention(x):
         query, key, value = (
             part.view(rows, 1, heads, -1).transpose(1, 2)
-            for part in linear(x, weights.self_projection, weights.self_projection_bias).split(weights.sizes, -1)
+            for part in weights.self_projection(x).split(weights.sizes, -1)
         )
         start = [0, 0, index, 0]
         keys = write_cache(self_attention_cache[0], start, key)
@@ -192,20 +239,19 @@ def decoding_step(layer, weights, x, index, self_attention_cache, cross_attentio
         written["cache"] = (keys, values)
         # One query at the last written position sees every written key.
         attended = scaled_dot_product_attention(query, keys[:, :, : index + 1], values[:, :, : index + 1])
-        return linear(attended.transpose(1, 2).reshape(rows, 1, -1), weights.self_output, weights.self_output_bias)
+        return weights.self_output(attended.transpose(1, 2).reshape(rows, 1, -1))
 
     def cross_attention(x):
         keys, values = cross_attention_cache
         sources = keys.shape[0]
         # A source's beams attend as its row's consecutive query positions.
-        query = linear(x, weights.cross_query, weights.cross_query_bias).view(sources, -1, heads, keys.shape[-1])
+        query = weights.cross_query(x).view(sources, -1, heads, keys.shape[-1])
         mask = None if encoder_padding_mask is None else _additive_mask(layer, encoder_padding_mask, x)
         attended = scaled_dot_product_attention(query.transpose(1, 2), keys, values, attn_mask=mask)
-        return linear(attended.transpose(1, 2).reshape(rows, 1, -1), weights.cross_output, weights.cross_output_bias)
+        return weights.cross_output(attended.transpose(1, 2).reshape(rows, 1, -1))
 
     def feed_forward(x):
-        inner = _activated(weights.inner_dense, linear(x, weights.inner, weights.inner_bias))
-        return linear(inner, weights.outer, weights.outer_bias)
+        return weights.outer(_activated(weights.inner_dense, weights.inner(x)))
 
     x = residual(x, self_attention, weights.norms[0])
     x = residual(x, cross_attention, weights.norms[1])
