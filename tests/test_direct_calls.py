@@ -35,6 +35,10 @@ def _model(variant):
     model = TransformerSeq2SeqLM(backbone)
     if variant in ("int8", "int4"):
         model.quantize(variant)
+    if variant == "int8_partial":
+        # Some projections int8, their neighbours float: the self-attention's
+        # query (not its key and value) and the feed-forward's inner layer.
+        model.quantize("int8", filters=lambda layer: layer.name in ("query", "inner"))
     if variant == "learned_positions_and_bias":
         model.backbone.token_embedding.logits_bias.assign(np.linspace(-2, 2, VOCABULARY).astype("float32"))
     return model
@@ -236,6 +240,7 @@ only_torch = pytest.mark.skipif(keras.config.backend() != "torch", reason="the p
         ("learned_positions_and_bias", True),
         ("bfloat16", True),
         ("int8", True),
+        ("int8_partial", True),
         ("mixed_bfloat16", False),
     ],
 )
