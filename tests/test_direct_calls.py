@@ -294,6 +294,59 @@ def test_plain_pytorch_step_reads_weights_changed_after_it_ran():
 
 
 @only_torch
+def test_prepacked_bfloat16_products_follow_the_weights():
+    """bfloat16 decoding on a CPU with bfloat16 matrix units multiplies with
+    weights prepacked once (`direct_calls.prepacked_product`): the decoder
+    layers' products and the output projection give Keras' logits, and
+    again after the embeddings and a projection are written in place."""
+    import torch
+
+    from keras_transformer.layers import direct_calls as module
+
+    weight, bias = torch.randn(24, 16).bfloat16(), torch.randn(24).bfloat16()
+    product = module.prepacked_product(weight, bias)
+    if product is None:
+        pytest.skip("this CPU has no bfloat16 matrix units that oneDNN uses")
+    assert module.prepacked_product(weight.float()) is None  # float32 stays with `linear`
+    x = torch.randn(5, 1, 16).bfloat16()
+    np.testing.assert_allclose(
+        product(x).float().numpy(), torch.nn.functional.linear(x, weight, bias).float().numpy(), rtol=2e-2, atol=2e-2
+    )
+
+    model = _model("bfloat16")
+    made = []
+    original = module.prepacked_product
+    with pytest.MonkeyPatch.context() as patch:
+        from keras_transformer.layers import embedding
+        from keras_transformer.layers import torch_decoding_step
+
+        def counting(*args):
+            made.append(tuple(args[0].shape))
+            return original(*args)
+
+        patch.setattr(embedding, "prepacked_product", counting)
+        patch.setattr(torch_decoding_step, "prepacked_product", counting)
+        with direct_calls(), torch.no_grad():  # as decoding runs
+            before = _cached_steps(model)
+        # Each decoder layer's six products, and the output projection.
+        assert len(made) == 2 * 6 + 1 and (VOCABULARY, model.backbone.d_model) in made
+        # New weights of the same scale: other tokens' embeddings, a
+        # larger feed-forward kernel.
+        embeddings = model.backbone.token_embedding.embeddings
+        embeddings.assign(np.roll(to_numpy(keras.ops.cast(embeddings, "float32")), 1, axis=0))
+        kernel = model.backbone.decoder_layers[1].feed_forward.inner_dense.kernel
+        kernel.assign(to_numpy(keras.ops.cast(kernel, "float32")) * 1.5)
+        expected = _cached_steps(model)
+        with direct_calls(), torch.no_grad():
+            direct = _cached_steps(model)
+    # Made again for the new weights: the second layer's and the output
+    # projection's (the first layer's weights stayed as they were).
+    assert len(made) == (2 * 6 + 1) + (6 + 1)
+    assert np.abs(expected - before).max() > 0.1
+    np.testing.assert_allclose(direct, expected, **_tolerance("bfloat16"))
+
+
+@only_torch
 def test_sinusoidal_rows_from_the_kept_table_are_the_layers_positions():
     """Within `direct_calls()` the sinusoidal encoding reads its rows from a
     table computed once (and grown past its length): the rows of keras-hub's

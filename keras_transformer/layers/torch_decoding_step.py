@@ -40,6 +40,7 @@ from keras_transformer.layers.direct_calls import _activated
 from keras_transformer.layers.direct_calls import _torch_call_of
 from keras_transformer.layers.direct_calls import additive_mask
 from keras_transformer.layers.direct_calls import int8_product
+from keras_transformer.layers.direct_calls import prepacked_product
 from keras_transformer.layers.direct_calls import write_cache
 
 
@@ -78,7 +79,8 @@ def _product(dense):
     """`x -> x @ kernel + bias` of a dense layer (`Dense`, or an
     `EinsumDense` that `direct_calls` reduces to a matrix product), for `x`
     of `(..., inputs)`: one `torch.nn.functional.linear` call for float
-    weights, Keras' int8 product for int8 ones."""
+    weights (a `prepacked_product` for bfloat16 ones where it applies),
+    Keras' int8 product for int8 ones."""
     return _joined_product([dense])
 
 
@@ -98,7 +100,7 @@ def _joined_product(denses):
         matrices = [dense._kernel_matrix() for dense in denses]
         # One matrix: a view of the kernel; several: a copy side by side.
         weight = (matrices[0] if len(matrices) == 1 else torch.cat(matrices, dim=1).contiguous()).t()
-        return lambda x: linear(x, weight, bias)
+        return prepacked_product(weight, bias) or (lambda x: linear(x, weight, bias))
     kernels = [dense._kernel_matrix() for dense in denses]
     kernel = kernels[0] if len(kernels) == 1 else torch.cat(kernels, dim=1)
     scale = torch.cat([_int8_scale(dense) for dense in denses])
