@@ -292,8 +292,9 @@ def prepacked_product(weight, bias=None):
     decoding step's few rows, that is most of the product's time (2-core
     Intel Xeon with AMX, microseconds: 256 x 128 by 128 x 384 in 50
     against 71, 4 x 128 by 128 x 8,000 in 69 against 105). Prepacked, the
-    bfloat16 model translated 64 sentences at a time 1.06x as fast (six
-    runs, each against the other alternately). These are the calls
+    bfloat16 model translated 64 sentences at a time 1.05x as fast (nine
+    runs, each against the other alternately). It holds a second copy of
+    the weights it packs. These are the calls
     PyTorch's compiler (Inductor, with frozen weights) makes for a CPU
     linear layer; Keras has none. MKL's packed float32 products gained
     nothing within a search, so float32 stays with `linear`. The product
