@@ -281,11 +281,12 @@ def int8_product(quantizer, inputs, contracted, kernel, kernel_scale, dtype):
     return outputs.div_(scale * kernel_scale).view(*kept, -1)
 
 
-def prepacked_product(weight, bias=None):
-    """`x -> torch.nn.functional.linear(x, weight, bias)` for inference with
-    bfloat16 weights on a CPU with bfloat16 matrix units, the weights
-    reordered once into oneDNN's layout for them; None elsewhere (other
-    dtypes and devices, or no such units: then `linear` is the call).
+def prepacked_product(weight):
+    """`(x, bias=None) -> torch.nn.functional.linear(x, weight, bias)` for
+    inference with bfloat16 weights on a CPU with bfloat16 matrix units,
+    the weights reordered once into oneDNN's layout for them; None
+    elsewhere (other dtypes and devices, or no such units: then `linear` is
+    the call).
 
     `linear` hands each bfloat16 product to oneDNN as it comes, and oneDNN
     reorders the weight matrix for its matrix units at every call: at a
@@ -294,20 +295,21 @@ def prepacked_product(weight, bias=None):
     against 71, 4 x 128 by 128 x 8,000 in 69 against 105). Prepacked, the
     bfloat16 model translated 64 sentences at a time 1.05x as fast (nine
     runs, each against the other alternately). It holds a second copy of
-    the weights it packs. These are the calls
-    PyTorch's compiler (Inductor, with frozen weights) makes for a CPU
-    linear layer; Keras has none. MKL's packed float32 products gained
-    nothing within a search, so float32 stays with `linear`. The product
-    reads the weights as they were when packed; where PyTorch records
-    gradients, it is `linear` (the packed call has none).
+    the weights it packs. These are the calls PyTorch's compiler
+    (Inductor, with frozen weights) makes for a CPU linear layer; Keras
+    has none. MKL's packed float32 products gained nothing within a
+    search, so float32 stays with `linear`. The product reads the weights
+    as they were when packed; where PyTorch records gradients, it is
+    `linear` (the packed call has none).
 
     Example:
 
     >>> import torch
-    >>> weight = torch.randn(6, 4).bfloat16()
+    >>> weight, bias = torch.randn(6, 4).bfloat16(), torch.randn(6).bfloat16()
     >>> product = prepacked_product(weight)
     >>> x = torch.randn(3, 4).bfloat16()
-    >>> product is None or bool(torch.allclose(product(x), torch.nn.functional.linear(x, weight), atol=0.05))
+    >>> expected = torch.nn.functional.linear(x, weight, bias)
+    >>> product is None or bool(torch.allclose(product(x, bias), expected, atol=0.05))
     True
     """
     import torch
@@ -319,12 +321,11 @@ def prepacked_product(weight, bias=None):
         return None
     # (The rows given are a hint for the layout; any number of rows works.)
     packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach().contiguous(), 64)
-    detached = None if bias is None else bias.detach()
 
-    def product(x):
+    def product(x, bias=None):
         if torch.is_grad_enabled():  # (a gradient flows through `linear` only)
             return torch.nn.functional.linear(x, weight, bias)
-        return torch.ops.mkldnn._linear_pointwise(x, packed, detached, "none", [], "")
+        return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
 
     return product
 

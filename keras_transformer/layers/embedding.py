@@ -13,6 +13,7 @@ import keras
 from keras import ops
 
 from keras_transformer.layers.direct_calls import DirectCall
+from keras_transformer.layers.direct_calls import _cached
 from keras_transformer.layers.direct_calls import int8_product
 from keras_transformer.layers.direct_calls import prepacked_product
 
@@ -129,32 +130,20 @@ class SharedTokenEmbedding(DirectCall, keras.layers.ReversibleEmbedding):
             return self.call(inputs, reverse=True)
         if reverse:
             bias = None if self.logits_bias is None else self.logits_bias.value
-            if inputs.dtype == embeddings.dtype:
-                # Inference: bfloat16 weights prepacked once, while they
-                # stay as they are (`direct_calls.prepacked_product`).
-                product = self._prepacked_output_projection(embeddings, bias)
+            if not torch.is_grad_enabled() and inputs.dtype == embeddings.dtype:
+                # Inference: bfloat16 weights prepacked once, kept while
+                # they stay as they are (`direct_calls.prepacked_product`).
+                product = _cached(
+                    self, "_torch_prepacked_projection", embeddings, lambda: prepacked_product(embeddings)
+                )
                 if product is not None:
-                    return product(inputs)
+                    return product(inputs, bias)
             return linear(inputs, embeddings, bias)
         dtype = keras.backend.standardize_dtype(inputs.dtype)
         if "int" not in dtype:
             return self.call(inputs)  # (which raises the error for it)
         outputs = embedding(torch.as_tensor(inputs, device=embeddings.device), embeddings)
         return outputs * math.sqrt(self.output_dim) if self.scale_embeddings else outputs
-
-    def _prepacked_output_projection(self, embeddings, bias):
-        """`prepacked_product` of the output projection's current weights
-        (or None), kept on the layer until a weight is replaced or written
-        (PyTorch counts a tensor's in-place writes)."""
-        key = [(tensor, tensor._version) for tensor in (embeddings, bias) if tensor is not None]
-        held = self.__dict__.get("_torch_prepacked_projection")
-        if held is None or len(held[0]) != len(key) or any(
-            a is not b or version != count for (a, version), (b, count) in zip(held[0], key)
-        ):
-            held = (key, prepacked_product(embeddings, bias))
-            # Tracked attributes would be saved: set it past Keras' tracker.
-            object.__setattr__(self, "_torch_prepacked_projection", held)
-        return held[1]
 
     def _torch_int8_call(self, inputs, reverse=False):
         if not reverse:

@@ -96,13 +96,14 @@ def _joined_product(denses):
         products = [_product(dense) for dense in denses]
         return lambda x: torch.cat([product(x) for product in products], dim=-1)
     bias = _joined_bias(denses)
+    matrices = [dense._kernel_matrix() for dense in denses]
+    # One matrix: a view of the kernel; several: a copy side by side.
+    kernel = matrices[0] if len(matrices) == 1 else torch.cat(matrices, dim=1)
     if modes == {None}:
-        matrices = [dense._kernel_matrix() for dense in denses]
-        # One matrix: a view of the kernel; several: a copy side by side.
-        weight = (matrices[0] if len(matrices) == 1 else torch.cat(matrices, dim=1).contiguous()).t()
-        return prepacked_product(weight, bias) or (lambda x: linear(x, weight, bias))
-    kernels = [dense._kernel_matrix() for dense in denses]
-    kernel = kernels[0] if len(kernels) == 1 else torch.cat(kernels, dim=1)
+        packed = prepacked_product(kernel.t())
+        if packed is not None:
+            return lambda x: packed(x, bias)
+        return lambda x: linear(x, kernel.t(), bias)
     scale = torch.cat([_int8_scale(dense) for dense in denses])
     quantizer = denses[0].inputs_quantizer
 
