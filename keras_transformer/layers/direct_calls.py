@@ -395,9 +395,14 @@ class Dense(DirectCall, keras.layers.Dense):
         """The kernel, `(inputs, outputs)` (as `EinsumDense._kernel_matrix`)."""
         return self._kernel.value
 
+    def _int8_kernel_scale(self):
+        """The int8 kernel's `(outputs,)` scales (as
+        `EinsumDense._int8_kernel_scale`)."""
+        return self.kernel_scale.value
+
     def _torch_int8_call(self, inputs):
         outputs = int8_product(
-            self.inputs_quantizer, inputs, 1, self._kernel.value, self.kernel_scale.value, inputs.dtype
+            self.inputs_quantizer, inputs, 1, self._kernel.value, self._int8_kernel_scale(), inputs.dtype
         )
         if self.bias is not None:
             outputs = outputs + self.bias.value
@@ -443,14 +448,9 @@ class EinsumDense(DirectCall, keras.layers.EinsumDense):
         return _activated(self, self._unflattened(outputs, inputs))
 
     def _torch_int8_call(self, inputs):
-        # The kernel's scales, laid out as Keras divides the kernel by them
-        # (size 1 on the contracted axes), in the order of the output axes.
-        scale = _cached(
-            self, "_torch_int8_scale", self.kernel_scale.value,
-            lambda: self._adjust_scale_for_dequant(self.kernel_scale.value).reshape(-1),
-        )
         outputs = int8_product(
-            self.inputs_quantizer, inputs, self._torch_contracted, self._kernel_matrix(), scale, inputs.dtype
+            self.inputs_quantizer, inputs, self._torch_contracted, self._kernel_matrix(),
+            self._int8_kernel_scale(), inputs.dtype,
         )
         if self.bias is not None:
             outputs = outputs + self.bias.value.flatten()
@@ -460,6 +460,16 @@ class EinsumDense(DirectCall, keras.layers.EinsumDense):
         """The kernel as a `(contracted size, output size)` matrix."""
         kernel = self._kernel.value
         return kernel.reshape(math.prod(kernel.shape[: self._torch_contracted]), -1)
+
+    def _int8_kernel_scale(self):
+        """The int8 kernel's scales as a `(output size,)` vector in the
+        order of `_kernel_matrix`'s columns, laid out as Keras divides the
+        kernel by them (size 1 on the contracted axes); kept until the
+        scales are written."""
+        return _cached(
+            self, "_torch_int8_scale", self.kernel_scale.value,
+            lambda: self._adjust_scale_for_dequant(self.kernel_scale.value).reshape(-1),
+        )
 
     def _unflattened(self, outputs, inputs):
         """A product's `(..., output size)` rows with the output's axes."""

@@ -50,7 +50,8 @@ class StepWeights:
 
     Held on the layer and made again when a weight is replaced or written
     (PyTorch counts a tensor's in-place writes): the products read views of
-    the weights, except the self-attention's joined projection, a copy.
+    the weights, except the self-attention's joined projection, a copy, and
+    prepacked bfloat16 weights (`direct_calls.prepacked_product`).
     """
 
     def __init__(self, layer):
@@ -100,11 +101,12 @@ def _joined_product(denses):
     # One matrix: a view of the kernel; several: a copy side by side.
     kernel = matrices[0] if len(matrices) == 1 else torch.cat(matrices, dim=1)
     if modes == {None}:
-        packed = prepacked_product(kernel.t())
+        weight = kernel.t()
+        packed = prepacked_product(weight)
         if packed is not None:
             return lambda x: packed(x, bias)
-        return lambda x: linear(x, kernel.t(), bias)
-    scale = torch.cat([_int8_scale(dense) for dense in denses])
+        return lambda x: linear(x, weight, bias)
+    scale = torch.cat([dense._int8_kernel_scale().reshape(-1) for dense in denses])
     quantizer = denses[0].inputs_quantizer
 
     def product(x):
@@ -112,14 +114,6 @@ def _joined_product(denses):
         return outputs if bias is None else outputs + bias
 
     return product
-
-
-def _int8_scale(dense):
-    """An int8 dense layer's `(outputs,)` kernel scales, in the order of its
-    kernel matrix's columns (as its `_torch_int8_call` divides by them)."""
-    if hasattr(dense, "_adjust_scale_for_dequant"):  # EinsumDense
-        return dense._adjust_scale_for_dequant(dense.kernel_scale.value).reshape(-1)
-    return dense.kernel_scale.value.reshape(-1)
 
 
 def _joined_bias(denses):
