@@ -106,7 +106,8 @@ def ours_worker(preset, data_dir, batch1, batch64):
         bleu = sacrebleu.corpus_bleu(outputs, [references[:batch64]]).score
         rows.append({"engine": f"keras_transformer ({keras.config.backend()})", "dtype": dtype,
                      "batch1": speed1, "batch64": speed64, "bleu": bleu})
-        print(f"{keras.config.backend()} {dtype}: {speed1:.1f} / {speed64:.1f} sent/s", file=sys.stderr, flush=True)
+        print(f"{keras.config.backend()} {dtype}: {speed1:.1f} / {speed64:.1f} sent/s, BLEU {bleu:.1f}",
+              file=sys.stderr, flush=True)
     print(json.dumps(rows))
 
 
@@ -229,7 +230,7 @@ def compare(args, script):
             row["anchor"] = rows[0]
         for backend in args.backends.split(","):
             print(f"timing {backend} ...", file=sys.stderr, flush=True)
-            found = _worker(script, args, backend, "--ctranslate2-worker")
+            found = _worker(script, args, backend, "--ours-worker")
             anchors.append(ctranslate2("float32"))
             around = {key: (anchors[-2][key] + anchors[-1][key]) / 2 for key in ("batch1", "batch64")}
             rows.extend({**row, "anchor": around} for row in found)

@@ -23,7 +23,9 @@ test_2016_flickr sources with the same trained model, greedy and beam 4
 
 `--ctranslate2` instead compares this package with CTranslate2 on the same
 weights, float32 and int8 (see `anchor_ctranslate2.py`; needs the `dev`
-extra's ctranslate2).
+extra's ctranslate2), and `--transformers` with transformers'
+`MarianMTModel` on the same weights, on the GPU where PyTorch sees one
+(see `anchor_transformers.py`; needs the `dev` extra's transformers).
 
 Every method has the same maximum output length (source length + 50). The
 figure of merit is sentences per second; each timing is a second pass over
@@ -193,18 +195,22 @@ def main():
     parser.add_argument("--backends", default="jax,tensorflow,torch")
     parser.add_argument("--ctranslate2", action="store_true",
                         help="compare beam 4 with CTranslate2 (float32, int8) on the same weights")
+    parser.add_argument("--transformers", action="store_true",
+                        help="compare beam 4 with transformers' MarianMTModel (float32, bfloat16) on the same "
+                        "weights, on the GPU where PyTorch sees one")
     parser.add_argument(
         "--system-malloc", action="store_true",
         help="leave glibc's malloc as it is (by default every engine keeps freed memory for reuse, "
         "as `keras-transformer translate` does: keras_transformer.utils.memory)",
     )
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
-    parser.add_argument("--ctranslate2-worker", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--ours-worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--ctranslate2-engine", nargs=3, metavar=("DIRECTORY", "DTYPE", "THREADS"),
                         help=argparse.SUPPRESS)
+    parser.add_argument("--transformers-engine", nargs=2, metavar=("DIRECTORY", "DTYPE"), help=argparse.SUPPRESS)
     args = parser.parse_args()
-    if args.ctranslate2_engine:
-        # CTranslate2 alone in its process: no TensorFlow (see
+    if args.ctranslate2_engine or args.transformers_engine:
+        # CTranslate2 (or transformers) alone in its process: no TensorFlow (see
         # `anchor_ctranslate2.compare`); JAX reads the preset's tokenizer.
         from keras_transformer.utils.tensorflow_free import skip_tensorflow
 
@@ -215,16 +221,24 @@ def main():
         reuse_freed_memory()  # in this process (CTranslate2's runs) and in each worker
     if args.worker:
         return worker(args.preset, args.data_dir, args.batch1_sentences, args.batch64_sentences)
-    if args.ctranslate2_worker or args.ctranslate2 or args.ctranslate2_engine:
+    if args.ours_worker:
+        import anchor_ctranslate2
+
+        return anchor_ctranslate2.ours_worker(args.preset, args.data_dir, args.batch1_sentences, args.batch64_sentences)
+    if args.transformers or args.transformers_engine:
+        import anchor_transformers
+
+        if args.transformers_engine:
+            return anchor_transformers.transformers_worker(
+                args.data_dir, args.batch1_sentences, args.batch64_sentences, *args.transformers_engine
+            )
+        return anchor_transformers.compare(args, os.path.abspath(__file__))
+    if args.ctranslate2 or args.ctranslate2_engine:
         import anchor_ctranslate2
 
         if args.ctranslate2_engine:
             return anchor_ctranslate2.ctranslate2_worker(
                 args.preset, args.data_dir, args.batch1_sentences, args.batch64_sentences, *args.ctranslate2_engine
-            )
-        if args.ctranslate2_worker:
-            return anchor_ctranslate2.ours_worker(
-                args.preset, args.data_dir, args.batch1_sentences, args.batch64_sentences
             )
         return anchor_ctranslate2.compare(args, os.path.abspath(__file__))
 
