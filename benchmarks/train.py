@@ -319,7 +319,8 @@ def run_worker(kind, backend, args, with_keras_hub=True):
         "--model", args.model, "--dtype", args.dtype, *([] if with_keras_hub else ["--no-keras-hub"]),
         *(["--system-malloc"] if args.system_malloc else []),
     ]
-    output = subprocess.run(command, env=env, check=True, capture_output=True, text=True).stdout
+    # The worker's errors and warnings show on this process's standard error.
+    output = subprocess.run(command, env=env, check=True, stdout=subprocess.PIPE, text=True).stdout
     return json.loads(output.strip().splitlines()[-1])
 
 
