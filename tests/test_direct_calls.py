@@ -420,12 +420,19 @@ def test_projections_compute_numpys_einsum(equation, input_shape, output_shape, 
     assert bool(layer._torch_plan()) == (equation != "btd,bd->bt" and bias_axes != "h")
 
 
-@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "mixed_bfloat16"])
-def test_direct_dense_and_layer_norm_compute_numpys(dtype):
+@pytest.mark.parametrize(
+    "dtype, mixed_kernel",
+    [("float32", True), ("bfloat16", True), ("mixed_bfloat16", True), ("mixed_bfloat16", False)],
+    ids=["float32", "bfloat16", "mixed_bfloat16", "mixed_bfloat16-cast-to-float32"],
+)
+def test_direct_dense_and_layer_norm_compute_numpys(dtype, mixed_kernel, monkeypatch):
     """`Dense` (with its activation) and `LayerNormalization` called
     directly give NumPy's results; a bfloat16 LayerNorm computes in float32,
-    as Keras' does (under mixed precision, on PyTorch, one kernel that
-    takes the bfloat16 input and float32 weights)."""
+    as Keras' does (under mixed precision, on PyTorch's CPU, one kernel that
+    takes the bfloat16 input and float32 weights; on devices whose kernel
+    wants one dtype, CUDA's, the input cast to float32: `mixed_kernel`
+    False takes that path here)."""
+    from keras_transformer.layers import direct_calls as module
     from keras_transformer.layers.direct_calls import Dense
     from keras_transformer.layers.direct_calls import LayerNormalization
 
@@ -435,11 +442,17 @@ def test_direct_dense_and_layer_norm_compute_numpys(dtype):
     norm = LayerNormalization(epsilon=1e-5, gamma_initializer="random_normal", beta_initializer="random_normal", dtype=dtype)
     dense.build(x.shape)
     norm.build(x.shape)
+    if not mixed_kernel:
+        if keras.config.backend() != "torch":
+            pytest.skip("only PyTorch's mixed-precision LayerNorm depends on the device's kernel")
+        monkeypatch.setattr(module, "LAYER_NORM_MIXED_DTYPE_DEVICES", ())
     as_float = lambda w: to_numpy(keras.ops.cast(w, "float32"))  # noqa: E731
     inputs = keras.ops.cast(x, norm.compute_dtype)
     x = as_float(inputs)  # the values the layers see
     with direct_calls():
-        dense_out, norm_out = (as_float(layer(inputs)) for layer in (dense, norm))
+        dense_out, norm_out = (layer(inputs) for layer in (dense, norm))
+    assert keras.backend.standardize_dtype(norm_out.dtype) == norm.compute_dtype
+    dense_out, norm_out = as_float(dense_out), as_float(norm_out)
     kernel, bias = (as_float(w) for w in dense.weights)
     gamma, beta = (as_float(w) for w in norm.weights)
     normalized = (x - x.mean(-1, keepdims=True)) / np.sqrt(x.var(-1, keepdims=True) + 1e-5)

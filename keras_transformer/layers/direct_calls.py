@@ -482,16 +482,23 @@ class EinsumDense(DirectCall, keras.layers.EinsumDense):
         super().quantize(mode, type_check=False, config=config)
 
 
+# The devices whose `layer_norm` kernel takes bfloat16 or float16 inputs
+# with float32 weights. CUDA's wants one dtype ("expected scalar type
+# BFloat16 but found Float", on an H100 with PyTorch 2.11).
+LAYER_NORM_MIXED_DTYPE_DEVICES = ("cpu",)
+
+
 @keras.saving.register_keras_serializable(package="keras_transformer")
 class LayerNormalization(DirectCall, keras.layers.LayerNormalization):
     """`keras.layers.LayerNormalization` that honours `direct_calls()`: on
     PyTorch, over the last axis, one `torch.nn.functional.layer_norm` call,
-    in float32 for lower precisions as Keras computes it: PyTorch's kernel
-    takes bfloat16 or float16 inputs with float32 weights and computes in
-    float32 (forward and backward 2.7 ms for a (256, 16, 512) bfloat16
-    input, against 4.5 ms with the input cast to float32 and the output
-    back). Under mixed precision too, where the other layers run Keras'
-    `call`."""
+    in float32 for lower precisions as Keras computes it: PyTorch's CPU
+    kernel takes bfloat16 or float16 inputs with float32 weights and
+    computes in float32 (forward and backward 2.7 ms for a (256, 16, 512)
+    bfloat16 input, against 4.5 ms with the input cast to float32 and the
+    output back); its CUDA kernel wants inputs and weights of one dtype, so
+    there the input is cast to float32 and the output back. Under mixed
+    precision too, where the other layers run Keras' `call`."""
 
     # `_torch_call` takes compute-dtype inputs with float32 weights.
     _torch_call_takes_mixed_dtypes = True
@@ -504,7 +511,10 @@ class LayerNormalization(DirectCall, keras.layers.LayerNormalization):
         from torch.nn.functional import layer_norm
 
         gamma, beta = self.gamma.value, self.beta.value
-        if inputs.dtype in (torch.bfloat16, torch.float16) and gamma.dtype == beta.dtype == torch.float32:
+        if (
+            inputs.dtype in (torch.bfloat16, torch.float16) and gamma.dtype == beta.dtype == torch.float32
+            and inputs.device.type in LAYER_NORM_MIXED_DTYPE_DEVICES
+        ):
             return layer_norm(inputs, inputs.shape[-1:], gamma, beta, self.epsilon)
         dtype = inputs.dtype
         wide = dtype in (torch.float32, torch.float64)
