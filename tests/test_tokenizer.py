@@ -88,3 +88,29 @@ def test_bad_training_input():
         TransformerTokenizer.train(["Ein Mann fährt Fahrrad."] * 10, vocabulary_size=50)
     with pytest.raises(ValueError, match="Unknown algorithm"):
         train_tokenizer(["text"], 300, algorithm="char")
+
+
+def test_generate_pre_and_postprocess_call_the_tokenizer_once_a_batch(small_tokenizer, multi30k_dir, monkeypatch):
+    """`generate`'s text steps tokenize a batch of sources in one tokenizer
+    call and detokenize a batch of outputs in one, with what each text
+    alone gives, blank sources and empty outputs kept in their places."""
+    from keras_transformer.models import TransformerSeq2SeqLMPreprocessor
+
+    english, german = multi30k.load("test_2016_flickr", "en", "de", data_dir=multi30k_dir)
+    preprocessor = TransformerSeq2SeqLMPreprocessor(small_tokenizer)
+    special = preprocessor.special_token_ids
+    texts = [english[0], "", english[1], "   ", english[2]]
+    expected = [special.frame_source(np.asarray(small_tokenizer.tokenize(t)).tolist()) if t.strip() else [] for t in texts]
+    outputs = [np.asarray(small_tokenizer.tokenize(g)).tolist() for g in german[:3]]
+    outputs = [outputs[0], [], outputs[1], np.zeros(0, "int32"), np.asarray(outputs[2])]
+    calls = []
+    for name in ("tokenize", "detokenize"):
+        def counted(inputs, original=getattr(small_tokenizer, name), name=name):
+            calls.append(name)
+            return original(inputs)
+
+        monkeypatch.setattr(small_tokenizer, name, counted)
+    assert preprocessor.generate_preprocess(texts) == expected
+    assert preprocessor.generate_postprocess(outputs) == [german[0], "", german[1], "", german[2]]
+    assert calls == ["tokenize", "detokenize"]
+    assert preprocessor.generate_postprocess([[], []]) == ["", ""] and calls == ["tokenize", "detokenize"]

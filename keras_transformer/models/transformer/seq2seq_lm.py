@@ -383,12 +383,10 @@ class TransformerSeq2SeqLM(PresetIO, keras_hub.models.Seq2SeqLM):
         else:
             texts, single = source_texts(inputs)
             sources = self._tokenize_sources(texts)
-        decode = (lambda ids: ids) if from_ids else self._detokenize
+        # Outputs stay ids for ids, else all are detokenized in one call.
+        decode = (lambda id_lists: id_lists) if from_ids else self._detokenize
         if keras_hub_sampler:
-            outputs = [
-                decode(ids) if ids else ([] if from_ids else "")
-                for ids in sample(self, sources, sampler, max_length_offset, batch_size)
-            ]
+            outputs = decode(list(sample(self, sources, sampler, max_length_offset, batch_size)))
             return outputs[0] if single else outputs
         # Sources of similar length go together (less padding); the
         # results come back in the order of the inputs.
@@ -407,11 +405,13 @@ class TransformerSeq2SeqLM(PresetIO, keras_hub.models.Seq2SeqLM):
                 results[i] = result
             if progress is not None:
                 progress.add(len(batch))
-        empty = [] if from_ids else ""
         if num_results > 1 or return_scores:
-            outputs = [[(decode(ids), score) for ids, score, _ in result] or [(empty, 0.0)] for result in results]
+            # An empty source gives one empty result of score 0.
+            results = [result or [([], 0.0, None)] for result in results]
+            texts = iter(decode([ids for result in results for ids, _, _ in result]))
+            outputs = [[(next(texts), score) for _, score, _ in result] for result in results]
         else:
-            outputs = [decode(result[0][0]) if result else empty for result in results]
+            outputs = decode([result[0][0] if result else [] for result in results])
         return outputs[0] if single else outputs
 
     @property
@@ -504,9 +504,9 @@ class TransformerSeq2SeqLM(PresetIO, keras_hub.models.Seq2SeqLM):
         self._require_tokenizer()
         return self.preprocessor.generate_preprocess(texts, self.backbone.max_sequence_length)
 
-    def _detokenize(self, ids):
+    def _detokenize(self, id_lists):
         self._require_tokenizer()
-        return self.preprocessor.generate_postprocess([ids])[0]
+        return self.preprocessor.generate_postprocess(id_lists)
 
 
 def _eager_direct_calls():

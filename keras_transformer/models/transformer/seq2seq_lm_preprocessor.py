@@ -114,24 +114,32 @@ class TransformerSeq2SeqLMPreprocessor(PresetIO, keras_hub.models.Seq2SeqLMPrepr
             frames sources); `[]` for an empty or blank text.
         """
         special = self.special_token_ids
-        sources = []
-        for text in texts:
-            if not text.strip():
-                sources.append([])
-                continue
-            ids = special.frame_source(np.asarray(self.tokenizer.tokenize(text)).tolist())
+        sources = [[] for _ in texts]
+        kept = [i for i, text in enumerate(texts) if text.strip()]
+        # All texts in one tokenizer call (SentencePiece encodes a list at
+        # once): one call a text took 6% of a batch of 64's translation.
+        pieces = _id_lists(self.tokenizer.tokenize([texts[i] for i in kept])) if kept else []
+        for i, ids in zip(kept, pieces):
+            ids = special.frame_source(ids)
             if max_length is not None and len(ids) > max_length:
                 raise ValueError(
                     f"A source of {len(ids)} tokens is longer than the model's "
-                    f"max_sequence_length={max_length}: {text[:60]!r}... Split the text "
+                    f"max_sequence_length={max_length}: {texts[i][:60]!r}... Split the text "
                     "into sentences first."
                 )
-            sources.append(ids)
+            sources[i] = ids
         return sources
 
     def generate_postprocess(self, outputs):
-        """Output token id lists (no start or end token) to strings."""
-        return [self._detokenize_one(ids) for ids in outputs]
+        """Output token id lists (no start or end token) to strings, all in
+        one tokenizer call; `""` for an empty list."""
+        outputs = [np.asarray(ids).reshape(-1).tolist() for ids in outputs]
+        texts = [""] * len(outputs)
+        kept = [i for i, ids in enumerate(outputs) if ids]
+        if kept:
+            for i, text in zip(kept, _strings(self.tokenizer.detokenize([outputs[i] for i in kept]))):
+                texts[i] = text
+        return texts
 
     def target_token_ids(self, texts):
         """Target strings to unframed piece ids (the target vocabulary's
@@ -144,15 +152,6 @@ class TransformerSeq2SeqLMPreprocessor(PresetIO, keras_hub.models.Seq2SeqLMPrepr
         start id and the target's pieces (labels would be the pieces and the
         end id)."""
         return self.special_token_ids.frame_target(self.target_token_ids([text])[0])[:-1]
-
-    def _detokenize_one(self, ids):
-        if not len(ids):
-            return ""
-        text = self.tokenizer.detokenize([list(ids)])
-        text = text[0] if not isinstance(text, str) else text
-        if hasattr(text, "numpy"):
-            text = text.numpy()
-        return text.decode("utf-8") if isinstance(text, bytes) else str(text)
 
     def call(self, x, y=None, sample_weight=None, **kwargs):
         if isinstance(x, dict) and set(INPUT_NAMES) <= set(x):
@@ -249,3 +248,23 @@ def _describe(x):
     if isinstance(x, dict):
         return f"a dict with keys {sorted(x)}"
     return type(x).__name__
+
+
+def _id_lists(tokens):
+    """A tokenizer's ids for a batch of texts (lists, a ragged or dense
+    tensor) as one list of ids per text."""
+    if hasattr(tokens, "to_list"):  # tf.RaggedTensor
+        return tokens.to_list()
+    if keras.ops.is_tensor(tokens) or isinstance(tokens, np.ndarray):
+        return keras.ops.convert_to_numpy(tokens).tolist()
+    return [np.asarray(ids).reshape(-1).tolist() for ids in tokens]
+
+
+def _strings(texts):
+    """A tokenizer's detokenized batch (a list, an array or a string
+    tensor) as Python strings."""
+    if hasattr(texts, "numpy"):
+        texts = texts.numpy()
+    if isinstance(texts, (str, bytes)):
+        texts = [texts]
+    return [text.decode("utf-8") if isinstance(text, bytes) else str(text) for text in np.asarray(texts, object).reshape(-1)]
