@@ -114,3 +114,27 @@ def test_generate_pre_and_postprocess_call_the_tokenizer_once_a_batch(small_toke
     assert preprocessor.generate_postprocess(outputs) == [german[0], "", german[1], "", german[2]]
     assert calls == ["tokenize", "detokenize"]
     assert preprocessor.generate_postprocess([[], []]) == ["", ""] and calls == ["tokenize", "detokenize"]
+
+
+@pytest.mark.parametrize("count", [1, 10, 100])
+def test_few_texts_one_call_each_give_keras_hubs_batch_results(small_tokenizer, multi30k_dir, count):
+    """Fewer than `FEW_TEXTS` texts are encoded and decoded one
+    SentencePiece call each (a batch call starts a thread pool); the ids
+    and texts are keras-hub's own, batched, single and as arrays."""
+    import keras_hub
+
+    from keras_transformer.models.transformer import tokenizer as module
+
+    english, german = multi30k.load("test_2016_flickr", "en", "de", data_dir=multi30k_dir)
+    keras_hubs = keras_hub.tokenizers.SentencePieceTokenizer
+    texts = english[:count]
+    assert (count < module.FEW_TEXTS) == (count != 100)
+    ids = small_tokenizer.tokenize(texts)
+    assert [np.asarray(row).tolist() for row in ids] == [np.asarray(row).tolist() for row in keras_hubs.tokenize(small_tokenizer, texts)]
+    single = small_tokenizer.tokenize(texts[0])
+    np.testing.assert_array_equal(single, keras_hubs.tokenize(small_tokenizer, texts[0]))
+    assert str(single.dtype) == "int32"
+    targets = [np.asarray(row).tolist() for row in small_tokenizer.tokenize(german[:count])]
+    assert [_text(t) for t in small_tokenizer.detokenize(targets)] == german[:count]
+    assert small_tokenizer.detokenize(targets) == keras_hubs.detokenize(small_tokenizer, targets)
+    assert _text(small_tokenizer.detokenize(np.asarray(targets[0]))) == german[0]
