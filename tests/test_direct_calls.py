@@ -265,6 +265,54 @@ def test_decoding_steps_run_the_plain_pytorch_step_where_it_applies(variant, pla
 
 
 @only_torch
+@pytest.mark.parametrize(
+    "variant, plain",
+    [
+        ("float32", True),
+        ("pre_norm_and_value_dim", True),
+        ("bfloat16", True),
+        ("int8", True),
+        ("int8_partial", True),
+        ("mixed_bfloat16", False),
+    ],
+)
+def test_encoder_layers_run_the_plain_pytorch_step_without_gradients(variant, plain, monkeypatch):
+    """Inside `direct_calls()` and without gradients (as a translation
+    encodes), an encoder layer is `torch_decoding_step.encoding_step`, with
+    Keras' outputs at every position, padded sources included; with
+    gradients (whose joined projection the step would not pass on), it
+    runs `call`."""
+    import torch
+
+    from keras_transformer.layers import encoder
+
+    model = _model(variant)
+    mask = SOURCES != 0
+    as_float = lambda x: to_numpy(keras.ops.cast(x, "float32"))  # noqa: E731
+    expected = as_float(model.encode(SOURCES, mask))  # Keras' calls
+    steps = []
+    original = encoder.encoding_step
+    monkeypatch.setattr(encoder, "encoding_step", lambda *args: steps.append(args[2].shape) or original(*args))
+    with direct_calls():
+        with_gradients = model.encode(SOURCES, mask)
+        assert not steps
+        with torch.no_grad():
+            without = model.encode(SOURCES, mask)
+    assert len(steps) == (2 if plain else 0)
+    assert with_gradients.requires_grad
+    # In bfloat16, LayerNorm outputs of up to about 3 differ by up to two
+    # of their units in the last place (1/64 above 2).
+    tolerance = dict(rtol=2e-2, atol=4e-2) if variant == "bfloat16" else _tolerance(variant)
+    np.testing.assert_allclose(as_float(with_gradients), expected, **tolerance)
+    np.testing.assert_allclose(as_float(without), expected, **tolerance)
+    # The padding mask matters: the second source's outputs differ with
+    # its padding read as tokens.
+    with direct_calls(), torch.no_grad():
+        unmasked = as_float(model.encode(SOURCES, np.ones_like(mask)))
+    assert np.abs(unmasked[1, :4] - expected[1, :4]).max() > 1e-3
+
+
+@only_torch
 def test_plain_pytorch_step_reads_weights_changed_after_it_ran():
     """The step's matrices (the self-attention's three projections joined
     into one, a copy) follow the layers' weights: written in place
@@ -330,8 +378,9 @@ def test_prepacked_bfloat16_products_follow_the_weights():
         patch.setattr(torch_decoding_step, "prepacked_product", counting)
         with direct_calls(), torch.no_grad():  # as decoding runs
             before = _cached_steps(model)
-        # Each decoder layer's six products, and the output projection.
-        assert len(made) == 2 * 6 + 1 and (VOCABULARY, model.backbone.d_model) in made
+        # Each decoder layer's six products, each encoder layer's four, and
+        # the output projection.
+        assert len(made) == 2 * 6 + 2 * 4 + 1 and (VOCABULARY, model.backbone.d_model) in made
         # New weights of the same scale: other tokens' embeddings, a
         # larger feed-forward kernel.
         embeddings = model.backbone.token_embedding.embeddings
@@ -341,9 +390,9 @@ def test_prepacked_bfloat16_products_follow_the_weights():
         expected = _cached_steps(model)
         with direct_calls(), torch.no_grad():
             direct = _cached_steps(model)
-    # Made again for the new weights: the second layer's and the output
-    # projection's (the first layer's weights stayed as they were).
-    assert len(made) == (2 * 6 + 1) + (6 + 1)
+    # Made again for the new weights: the second decoder layer's and the
+    # output projection's (the other layers' weights stayed as they were).
+    assert len(made) == (2 * 6 + 2 * 4 + 1) + (6 + 1)
     assert np.abs(expected - before).max() > 0.1
     np.testing.assert_allclose(direct, expected, **_tolerance("bfloat16"))
 
