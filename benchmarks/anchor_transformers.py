@@ -17,10 +17,11 @@ second pass, after a pass that compiles or warms up), BLEU (sacreBLEU,
 cased) of the batch-64 pass, each engine and backend in a process of its
 own; every row's ratios are to transformers in float32.
 
-transformers' `generate` stops a source's beam search by its own rule (its
-default `early_stopping=False`: when no live beam can still beat the worst
-finished one), this package when the best finished hypothesis outranks
-every live beam: the BLEU columns show what each produces.
+Both stop a source's search by the same rule, transformers' default
+`early_stopping=False` (this package's with `length_penalty="length"`,
+`decoding.rules.search_is_over`): with 4 hypotheses finished, once the
+best live beam, scored at the current length, does not beat the fourth
+best finished one.
 """
 
 import json
