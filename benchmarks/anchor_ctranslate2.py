@@ -174,16 +174,22 @@ def processor():
     return f"{name}, {os.cpu_count()} cores, AMX: {'yes' if 'amx' in text else 'no'}"
 
 
-def _worker(script, args, backend, *extra):
+def _worker(script, args, backend, *extra, required=True):
     """Runs a timing worker (`decode.py` with `extra`) on `backend` in a
-    process of its own; its rows."""
+    process of its own, its progress and errors on this process's standard
+    error; its rows. A worker that fails ends the run where `required`,
+    else gives None (the other engines' rows still print)."""
     env = {**os.environ, "KERAS_BACKEND": backend, "TF_CPP_MIN_LOG_LEVEL": "3"}
     command = [sys.executable, script, "--preset", args.preset, "--data-dir", args.data_dir,
                "--batch1-sentences", str(args.batch1_sentences), "--batch64-sentences", str(args.batch64_sentences),
                *(["--system-malloc"] if args.system_malloc else []), *extra]
-    process = subprocess.run(command, env=env, capture_output=True, text=True)
+    process = subprocess.run(command, env=env, stdout=subprocess.PIPE, text=True)
     if process.returncode:
-        sys.exit(f"The {backend} worker {' '.join(extra)} failed:\n{process.stderr[-3000:]}")
+        message = f"The {backend} worker {' '.join(extra)} failed (its errors above)."
+        if required:
+            sys.exit(message)
+        print(message, file=sys.stderr, flush=True)
+        return None
     rows = json.loads(process.stdout.strip().splitlines()[-1])
     return rows if isinstance(rows, list) else [rows]
 

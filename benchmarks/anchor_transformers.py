@@ -26,7 +26,6 @@ best finished one.
 
 import json
 import os
-import subprocess
 import sys
 import tempfile
 
@@ -34,6 +33,7 @@ from anchor_ctranslate2 import ALPHA
 from anchor_ctranslate2 import BEAM
 from anchor_ctranslate2 import OFFSET
 from anchor_ctranslate2 import _timed
+from anchor_ctranslate2 import _worker
 from anchor_ctranslate2 import processor
 
 DTYPES = ("float32", "bfloat16")
@@ -99,23 +99,6 @@ def transformers_worker(data_dir, batch1, batch64, directory, dtype):
                       "batch1": speed1, "batch64": speed64, "bleu": bleu}))
 
 
-def _worker(script, args, backend, *extra):
-    """Runs a timing worker (`decode.py` with `extra`) on `backend` in a
-    process of its own, its progress (each timing as it ends) on this
-    process's standard error; its rows, or None where it failed: the other
-    engines' rows still print."""
-    env = {**os.environ, "KERAS_BACKEND": backend, "TF_CPP_MIN_LOG_LEVEL": "3"}
-    command = [sys.executable, script, "--preset", args.preset, "--data-dir", args.data_dir,
-               "--batch1-sentences", str(args.batch1_sentences), "--batch64-sentences", str(args.batch64_sentences),
-               *(["--system-malloc"] if args.system_malloc else []), *extra]
-    process = subprocess.run(command, env=env, stdout=subprocess.PIPE, text=True)
-    if process.returncode:
-        print(f"The {backend} worker {' '.join(extra)} failed (its errors above).", file=sys.stderr, flush=True)
-        return None
-    rows = json.loads(process.stdout.strip().splitlines()[-1])
-    return rows if isinstance(rows, list) else [rows]
-
-
 def _print_row(row, anchor):
     print(f"| {row['engine']} | {row['dtype']} | {row['batch1']:.1f} | {row['batch64']:.1f} "
           f"| {row['batch1'] / anchor['batch1']:.2f}x | {row['batch64'] / anchor['batch64']:.2f}x "
@@ -139,7 +122,7 @@ def compare(args, script):
         anchor = None
         for dtype in DTYPES:
             print(f"timing transformers {dtype} ...", file=sys.stderr, flush=True)
-            rows = _worker(script, args, "torch", "--transformers-engine", directory, dtype)
+            rows = _worker(script, args, "torch", "--transformers-engine", directory, dtype, required=False)
             if rows is None:
                 if anchor is None:
                     sys.exit("transformers in float32, which every ratio is to, did not run.")
@@ -148,5 +131,5 @@ def compare(args, script):
             _print_row(rows[0], anchor)
     for backend in args.backends.split(","):
         print(f"timing {backend} ...", file=sys.stderr, flush=True)
-        for row in _worker(script, args, backend, "--ours-worker") or []:
+        for row in _worker(script, args, backend, "--ours-worker", required=False) or []:
             _print_row(row, anchor)

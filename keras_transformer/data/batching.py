@@ -292,12 +292,13 @@ def tokenize_pairs(sources, targets, tokenizer, max_length=None):
     """
     if len(sources) != len(targets):
         raise ValueError(f"{len(sources)} sources but {len(targets)} targets.")
+    from keras_transformer.models.transformer.seq2seq_lm_preprocessor import token_id_lists
     from keras_transformer.models.transformer.special_tokens import special_token_ids
 
     special = special_token_ids(tokenizer)
     encoder_ids, decoder_ids, dropped = [], [], 0
     target_tokenizer = getattr(tokenizer, "tokenize_target", tokenizer)
-    source_tokens, target_tokens = _token_lists(tokenizer, sources), _token_lists(target_tokenizer, targets)
+    source_tokens, target_tokens = token_id_lists(tokenizer, sources), token_id_lists(target_tokenizer, targets)
     for source, target in zip(source_tokens, target_tokens):
         source, target = special.frame_source(source), special.frame_target(target)
         if max_length and (len(source) > max_length or len(target) > max_length):
@@ -306,13 +307,6 @@ def tokenize_pairs(sources, targets, tokenizer, max_length=None):
         encoder_ids.append(source)
         decoder_ids.append(target)
     return encoder_ids, decoder_ids, dropped
-
-
-def _token_lists(tokenizer, texts):
-    tokens = tokenizer(list(texts))
-    if hasattr(tokens, "to_list"):
-        return tokens.to_list()
-    return [list(ids) for ids in tokens]
 
 
 def token_budget_batches(

@@ -76,8 +76,7 @@ class StepWeights:
                 self.cross_output = _product(cross.output_dense)
             self.inner = _product(feed_forward.inner_dense)
             self.outer = _product(feed_forward.output_dense)
-            norms = _sublayers(layer)[-3:] if cross is not None else _sublayers(layer)[-2:]
-            self.norms = [(norm.gamma.value, norm.beta.value, norm.epsilon) for norm in norms]
+            self.norms = [(norm.gamma.value, norm.beta.value, norm.epsilon) for norm in _norms(layer)]
         self.inner_dense = feed_forward.inner_dense  # its activation
         self.num_heads = attention.num_heads
         self.normalize_first = layer.normalize_first
@@ -166,20 +165,20 @@ def step_weights(layer):
 
 
 def _sublayers(layer):
-    """The projections and LayerNorms of a decoder or encoder layer, the
-    norms last."""
+    """The projections and LayerNorms of a decoder or encoder layer."""
     attention, cross, feed_forward = layer.self_attention, getattr(layer, "cross_attention", None), layer.feed_forward
-    if cross is None:
-        return (
-            attention.query_dense, attention.key_dense, attention.value_dense, attention.output_dense,
-            feed_forward.inner_dense, feed_forward.output_dense,
-            layer.self_attention_norm, layer.feed_forward_norm,
-        )
+    crossing = () if cross is None else (cross.query_dense, cross.output_dense)
     return (
         attention.query_dense, attention.key_dense, attention.value_dense, attention.output_dense,
-        cross.query_dense, cross.output_dense, feed_forward.inner_dense, feed_forward.output_dense,
-        layer.self_attention_norm, layer.cross_attention_norm, layer.feed_forward_norm,
+        *crossing, feed_forward.inner_dense, feed_forward.output_dense, *_norms(layer),
     )
+
+
+def _norms(layer):
+    """A decoder or encoder layer's LayerNorms, in the order of their
+    sub-layers."""
+    cross = getattr(layer, "cross_attention_norm", None)
+    return (layer.self_attention_norm, *(() if cross is None else (cross,)), layer.feed_forward_norm)
 
 
 def _still_plain(sublayer, policy):
@@ -237,14 +236,8 @@ def decoding_step(layer, weights, x, index, self_attention_cache, cross_attentio
     rows, heads = x.shape[0], weights.num_heads
     written = {}
 
-    def residual(x, sublayer, norm):
-        return _residual(weights, x, sublayer, norm)
-
     def self_attention(x):
-        query, key, value = (
-            part.view(rows, 1, heads, -1).transpose(1, 2)
-            for part in weights.self_projection(x).split(weights.sizes, -1)
-        )
+        query, key, value = _heads_of_projections(weights, x)
         start = [0, 0, index, 0]
         keys = write_cache(self_attention_cache[0], start, key)
         values = write_cache(self_attention_cache[1], start, value)
@@ -262,12 +255,9 @@ def decoding_step(layer, weights, x, index, self_attention_cache, cross_attentio
         attended = scaled_dot_product_attention(query.transpose(1, 2), keys, values, attn_mask=mask)
         return weights.cross_output(attended.transpose(1, 2).reshape(rows, 1, -1))
 
-    def feed_forward(x):
-        return weights.outer(_activated(weights.inner_dense, weights.inner(x)))
-
-    x = residual(x, self_attention, weights.norms[0])
-    x = residual(x, cross_attention, weights.norms[1])
-    x = residual(x, feed_forward, weights.norms[2])
+    x = _residual(weights, x, self_attention, weights.norms[0])
+    x = _residual(weights, x, cross_attention, weights.norms[1])
+    x = _residual(weights, x, lambda x: _feed_forward(weights, x), weights.norms[2])
     return x, written["cache"]
 
 
@@ -286,22 +276,31 @@ def encoding_step(layer, weights, x, padding_mask):
     """
     from torch.nn.functional import scaled_dot_product_attention
 
-    rows, length, heads = x.shape[0], x.shape[1], weights.num_heads
+    rows, length = x.shape[0], x.shape[1]
 
     def self_attention(x):
-        query, key, value = (
-            part.view(rows, length, heads, -1).transpose(1, 2)
-            for part in weights.self_projection(x).split(weights.sizes, -1)
-        )
+        query, key, value = _heads_of_projections(weights, x)
         mask = None if padding_mask is None else _additive_mask(layer, padding_mask, x)
         attended = scaled_dot_product_attention(query, key, value, attn_mask=mask)
         return weights.self_output(attended.transpose(1, 2).reshape(rows, length, -1))
 
-    def feed_forward(x):
-        return weights.outer(_activated(weights.inner_dense, weights.inner(x)))
-
     x = _residual(weights, x, self_attention, weights.norms[0])
-    return _residual(weights, x, feed_forward, weights.norms[1])
+    return _residual(weights, x, lambda x: _feed_forward(weights, x), weights.norms[1])
+
+
+def _heads_of_projections(weights, x):
+    """The self-attention's queries, keys and values of `x`, `(rows,
+    length, d_model)`, from its joined projection: each `(rows, heads,
+    length, d)`."""
+    rows, length = x.shape[0], x.shape[1]
+    return tuple(
+        part.view(rows, length, weights.num_heads, -1).transpose(1, 2)
+        for part in weights.self_projection(x).split(weights.sizes, -1)
+    )
+
+
+def _feed_forward(weights, x):
+    return weights.outer(_activated(weights.inner_dense, weights.inner(x)))
 
 
 def _residual(weights, x, sublayer, norm):
