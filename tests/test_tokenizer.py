@@ -119,8 +119,9 @@ def test_generate_pre_and_postprocess_call_the_tokenizer_once_a_batch(small_toke
 @pytest.mark.parametrize("count", [1, 10, 100])
 def test_few_texts_one_call_each_give_keras_hubs_batch_results(small_tokenizer, multi30k_dir, count):
     """Fewer than `FEW_TEXTS` texts are encoded and decoded one
-    SentencePiece call each (a batch call starts a thread pool); the ids
-    and texts are keras-hub's own, batched, single and as arrays."""
+    SentencePiece call each (a batch call starts a thread pool), more in
+    one batch call; the ids and texts are keras-hub's own, batched, single
+    and as arrays."""
     import keras_hub
 
     from keras_transformer.models.transformer import tokenizer as module
@@ -128,13 +129,33 @@ def test_few_texts_one_call_each_give_keras_hubs_batch_results(small_tokenizer, 
     english, german = multi30k.load("test_2016_flickr", "en", "de", data_dir=multi30k_dir)
     keras_hubs = keras_hub.tokenizers.SentencePieceTokenizer
     texts = english[:count]
-    assert (count < module.FEW_TEXTS) == (count != 100)
+    targets = [np.asarray(row).tolist() for row in small_tokenizer.tokenize(german[:count])]
+    few = count < module.FEW_TEXTS
+    assert few == (count != 100)
+    processor = small_tokenizer._sentence_piece_spm
+    given = []  # each SentencePiece call: its name, and whether it had a batch
+
+    def recording(name):
+        original = getattr(processor, name)
+
+        def call(inputs, *args, **kwargs):
+            given.append((name, isinstance(inputs, list) and not isinstance(inputs[0], int)))
+            return original(inputs, *args, **kwargs)
+
+        return call
+
+    for name in ("Encode", "Decode"):
+        setattr(processor, name, recording(name))
     ids = small_tokenizer.tokenize(texts)
+    assert given == ([("Encode", False)] * count if few else [("Encode", True)])
+    given.clear()
+    detokenized = small_tokenizer.detokenize(targets)
+    assert given == ([("Decode", False)] * count if few else [("Decode", True)])
+
     assert [np.asarray(row).tolist() for row in ids] == [np.asarray(row).tolist() for row in keras_hubs.tokenize(small_tokenizer, texts)]
     single = small_tokenizer.tokenize(texts[0])
     np.testing.assert_array_equal(single, keras_hubs.tokenize(small_tokenizer, texts[0]))
     assert str(single.dtype) == "int32"
-    targets = [np.asarray(row).tolist() for row in small_tokenizer.tokenize(german[:count])]
-    assert [_text(t) for t in small_tokenizer.detokenize(targets)] == german[:count]
-    assert small_tokenizer.detokenize(targets) == keras_hubs.detokenize(small_tokenizer, targets)
+    assert [_text(t) for t in detokenized] == german[:count]
+    assert detokenized == keras_hubs.detokenize(small_tokenizer, targets)
     assert _text(small_tokenizer.detokenize(np.asarray(targets[0]))) == german[0]

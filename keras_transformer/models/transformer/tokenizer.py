@@ -105,10 +105,9 @@ class TransformerTokenizer(PresetIO, keras_hub.tokenizers.SentencePieceTokenizer
 
     def _detokenize_spm(self, inputs):
         id_lists, batched = self._canonicalize_detokenize_spm_inputs(inputs)
-        if len(id_lists) >= FEW_TEXTS:
-            return super()._detokenize_spm(inputs)
         self._maybe_initialized_spm()
-        texts = [self._sentence_piece_spm.Decode(ids) for ids in id_lists]
+        decode = self._sentence_piece_spm.Decode
+        texts = decode(id_lists) if len(id_lists) >= FEW_TEXTS else [decode(ids) for ids in id_lists]
         return texts if batched else texts[0]
 
     @classmethod
