@@ -180,3 +180,31 @@ def test_layer_config_and_keras_file_round_trip(name, tmp_path):
     assert type(restored_layer) is type(layer)
     assert restored_layer.get_config() == config
     np.testing.assert_allclose(to_numpy(restored(inputs)), expected, atol=1e-6)
+
+
+@pytest.mark.parametrize("policy", ["float32", "mixed_bfloat16", "bfloat16", "mixed_float16"])
+@pytest.mark.parametrize("normalize_first", [False, True])
+def test_layers_give_the_output_spec_keras_traces(policy, normalize_first):
+    """The encoder and decoder layers give a functional model their output
+    spec without Keras tracing them (`TransformerLayerBase.output_spec`):
+    the same shape and dtype as the trace, for every dtype policy."""
+    options = dict(num_heads=2, d_ff=16, normalize_first=normalize_first, dtype=policy)
+    # In the compute dtype, as `Layer.__call__` casts them before a trace.
+    dtype = keras.dtype_policies.get(policy).compute_dtype
+    target, memory = keras.KerasTensor((3, None, 8), dtype), keras.KerasTensor((3, 6, 8), dtype)
+    mask = keras.KerasTensor((3, 6), dtype="int32")
+    cases = [
+        (layers.TransformerEncoderLayer(**options), (memory,), {"padding_mask": mask}),
+        (layers.TransformerDecoderLayer(**options), (target, memory), {"encoder_padding_mask": mask}),
+    ]
+    for layer, args, kwargs in cases:
+        output = layer(*args, **kwargs)  # builds the layer, with the spec it gives
+        traced = keras.layers.Layer.compute_output_spec(layer, *args, **kwargs)
+        assert (output.shape, output.dtype) == (traced.shape, traced.dtype), type(layer).__name__
+        assert output.dtype == keras.backend.standardize_dtype(layer.compute_dtype)
+
+
+def test_symbolic_decoder_layer_without_the_encoder_output_is_refused():
+    layer = layers.TransformerDecoderLayer(num_heads=2, d_ff=16)
+    with pytest.raises(ValueError, match="needs the encoder output"):
+        layer(keras.KerasTensor((2, 5, 8)))

@@ -95,11 +95,7 @@ class TransformerDecoderLayer(TransformerLayerBase):
         return_attention_scores=False,
         training=None,
     ):
-        if encoder_sequence is None and cross_attention_cache is None:
-            raise ValueError(
-                "TransformerDecoderLayer needs the encoder output: pass "
-                "`encoder_sequence` or a precomputed `cross_attention_cache`."
-            )
+        _check_memory(encoder_sequence, cross_attention_cache)
         self_mask = None if decoder_padding_mask is None else decoder_padding_mask[:, None, :]
         cross_mask = None if encoder_padding_mask is None else encoder_padding_mask[:, None, :]
         scores, updated = {}, {}
@@ -144,6 +140,30 @@ class TransformerDecoderLayer(TransformerLayerBase):
             outputs += (updated["cache"],)
         return outputs[0] if len(outputs) == 1 else outputs
 
+    def compute_output_spec(
+        self,
+        decoder_sequence,
+        encoder_sequence=None,
+        decoder_padding_mask=None,
+        encoder_padding_mask=None,
+        self_attention_cache=None,
+        self_attention_cache_update_index=None,
+        cross_attention_cache=None,
+        return_attention_scores=False,
+        training=None,
+    ):
+        # The output has the input's shape, in the compute dtype
+        # (`TransformerLayerBase.output_spec`); Keras traces the layer for
+        # the specs of attention weights and caches.
+        if return_attention_scores or self_attention_cache is not None:
+            return super().compute_output_spec(
+                decoder_sequence, encoder_sequence, decoder_padding_mask, encoder_padding_mask,
+                self_attention_cache, self_attention_cache_update_index, cross_attention_cache,
+                return_attention_scores, training,
+            )
+        _check_memory(encoder_sequence, cross_attention_cache)
+        return self.output_spec(decoder_sequence)
+
     # `direct_calls()` on PyTorch: a decoding step (one position, written
     # into the self-attention cache) as plain PyTorch calls
     # (`torch_decoding_step`); any other call runs `call`.
@@ -182,6 +202,14 @@ class TransformerDecoderLayer(TransformerLayerBase):
             )
         return decoding_step(
             self, weights, decoder_sequence, index, self_attention_cache, cross_attention_cache, encoder_padding_mask
+        )
+
+
+def _check_memory(encoder_sequence, cross_attention_cache):
+    if encoder_sequence is None and cross_attention_cache is None:
+        raise ValueError(
+            "TransformerDecoderLayer needs the encoder output: pass "
+            "`encoder_sequence` or a precomputed `cross_attention_cache`."
         )
 
 

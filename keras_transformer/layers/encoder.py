@@ -75,6 +75,14 @@ class TransformerEncoderLayer(TransformerLayerBase):
         )
         return (x, scores[0]) if return_attention_scores else x
 
+    def compute_output_spec(self, inputs, padding_mask=None, return_attention_scores=False, training=None):
+        # The output has the input's shape, in the compute dtype
+        # (`TransformerLayerBase.output_spec`); Keras traces the layer for
+        # the attention weights' spec.
+        if return_attention_scores:
+            return super().compute_output_spec(inputs, padding_mask, return_attention_scores, training)
+        return self.output_spec(inputs)
+
     # `direct_calls()` on PyTorch: the layer without dropout or gradients,
     # as a translation encodes a source, as plain PyTorch calls
     # (`torch_decoding_step.encoding_step`, whose joined projection is a

@@ -107,6 +107,18 @@ class TransformerLayerBase(DirectCall, keras.layers.Layer):
         layer.build(input_shape)
         return layer
 
+    def output_spec(self, inputs):
+        """The spec of the layer's output for symbolic `inputs`: their
+        shape, in the compute dtype (each sub-layer ends in a LayerNorm or
+        a sum with its input, in the compute dtype).
+
+        A functional model (`TransformerBackbone`) calls each layer once on
+        symbolic inputs to learn this. Keras would trace the whole layer
+        for it, on PyTorch through its meta tensors: a fifth of building a
+        4+4-layer backbone, and of loading each model of an ensemble
+        preset. `tests/test_layers.py` checks it against Keras' trace."""
+        return keras.KerasTensor(inputs.shape, dtype=self.compute_dtype)
+
     def _residual(self, x, sublayer, norm, training):
         return residual_connection(
             x, sublayer, norm, self.residual_dropout, self.normalize_first, training
