@@ -40,6 +40,7 @@ of axes (size 1 on the summed axes) so that `q * scale` broadcasts;
 which loading checks as it does for `model.weights.h5`.
 """
 
+import io
 import json
 import os
 import zipfile
@@ -254,21 +255,37 @@ def _corrupt(path, error):
 def check_file(path):
     """A readable int8 weights file: every entry's checksum (CRC-32) holds
     and it names its format."""
+    read_arrays(path)
+
+
+def read_arrays(path):
+    """The arrays of an int8 weights file, each entry's checksum (CRC-32)
+    checked as it is read, its format checked, the format entry left out.
+
+    (`numpy.load` stops reading an entry at the array's last byte, before
+    zipfile checks its checksum: entries are read whole here instead, so
+    that one pass both checks the file and reads it.)
+
+    Raises:
+        PresetError: the file is corrupt or truncated, or not this
+            package's int8 weights.
+    """
     try:
         with zipfile.ZipFile(path) as archive:
-            damaged = archive.testzip()
-            if damaged is not None:
-                raise zipfile.BadZipFile(f"the entry {damaged!r} is damaged")
-        with np.load(path, allow_pickle=False) as stored:
-            found = stored[FORMAT_KEY].item() if FORMAT_KEY in stored.files else None
+            arrays = {
+                name.removesuffix(".npy"): np.lib.format.read_array(io.BytesIO(archive.read(name)), allow_pickle=False)
+                for name in archive.namelist()
+            }
     except Exception as error:  # zipfile's, zlib's and NumPy's errors of a damaged archive
         raise _corrupt(path, error) from error
+    found = arrays.pop(FORMAT_KEY).item() if FORMAT_KEY in arrays else None
     if found != FORMAT:
         raise PresetError(
             f"The weights file {path!r} is not int8 weights of keras_transformer (its {FORMAT_KEY!r} is "
             f"{found!r}, expected {FORMAT!r}): it was made by hand or by another version. Save the model "
             "again, or convert the preset again with `keras_transformer.presets.store_int8`."
         )
+    return arrays
 
 
 def load_weights(backbone, path, directory):
@@ -282,12 +299,7 @@ def load_weights(backbone, path, directory):
     """
     from keras_transformer.presets.checks import weights_do_not_fit
 
-    check_file(path)
-    try:
-        with np.load(path, allow_pickle=False) as stored:
-            arrays = {key: stored[key] for key in stored.files if key != FORMAT_KEY}
-    except Exception as error:  # read again after the check: a damaged entry
-        raise _corrupt(path, error) from error
+    arrays = read_arrays(path)
     values = {}
     for variable in backbone.weights:
         shape = tuple(variable.shape)
