@@ -55,7 +55,11 @@ def compile_for_inference(model, function):
     if backend == "tensorflow":
         import tensorflow as tf
 
-        return tf.function(function, jit_compile=True, reduce_retracing=True)
+        # Without AutoGraph: these functions are written for `jax.jit` too,
+        # with no Python control flow on tensors, so its conversion of each
+        # function they call (Keras' layers included) is wasted. It took
+        # half of tracing an ensemble's search loop (`benchmarks/startup.py`).
+        return tf.function(function, jit_compile=True, reduce_retracing=True, autograph=False)
     if backend == "torch":
         import torch
 
