@@ -6,13 +6,16 @@ included: `keras-transformer translate` against a CTranslate2 process.
 Each row is the wall time of a new process, as a user runs it: one
 sentence (`translate "A man is riding a bicycle."`) and a file of the
 first `--lines` test_2016_flickr sources (`translate -i FILE -o OUT`),
-beam 4, with the shipped en-de preset, on each Keras backend. On JAX,
+beam 4, with the shipped en-de preset's first model (`--first-model-only`:
+the model the peer runs), on each Keras backend. On JAX,
 whose compiled steps the command keeps on disk
 (`keras_transformer.utils.compile_cache`), three runs: with the cache off,
 the run that fills an empty cache, and a run that reads it back. On JAX
 and PyTorch, which translate without importing TensorFlow
 (`keras_transformer.utils.tensorflow_free`), also a run that imports it,
-as the command did before.
+as the command did before. Last, on each backend, the command as it runs
+by default: with all the preset's models (an ensemble of 5), TensorFlow
+left out where it can be, the compile cache off.
 
 The peer is a CTranslate2 process that does the same from the same weights
 (written out with `export_marian` and converted beforehand, as the cache
@@ -32,6 +35,8 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from anchor_ctranslate2 import processor  # noqa: E402
+
+from keras_transformer.presets.registry import preset_metadata  # noqa: E402
 
 PRESET = "transformer_multi30k_en_de"
 SENTENCE = "A man is riding a bicycle."
@@ -64,13 +69,15 @@ def timed(command, env=None, stdin=None):
     return time.perf_counter() - start
 
 
-def ours(backend, lines_file, output, cache, tensorflow=False):
+def ours(backend, lines_file, output, cache, tensorflow=False, ensemble=False):
     """Seconds for one sentence and for the file, with `cache` as
     KERAS_TRANSFORMER_COMPILE_CACHE; `tensorflow`: imported as before
-    (`KERAS_TRANSFORMER_WITHOUT_TENSORFLOW=0`)."""
+    (`KERAS_TRANSFORMER_WITHOUT_TENSORFLOW=0`); `ensemble`: with all the
+    preset's models, else its first alone."""
     env = {"KERAS_BACKEND": backend, "KERAS_TRANSFORMER_COMPILE_CACHE": cache, "TF_CPP_MIN_LOG_LEVEL": "3",
            "KERAS_TRANSFORMER_WITHOUT_TENSORFLOW": "0" if tensorflow else "1"}
     command = [sys.executable, "-m", "keras_transformer.cli", "translate", "--preset", PRESET]
+    command += [] if ensemble else ["--first-model-only"]
     return (timed(command + [SENTENCE], env), timed(command + ["-i", lines_file, "-o", output], env))
 
 
@@ -103,31 +110,33 @@ def main():
         with open(lines_file, "w", encoding="utf-8") as f:
             f.write("\n".join(lines) + "\n")
         rows = []
+        models = len(preset_metadata(PRESET).get("ensemble") or []) + 1
         if not args.no_ctranslate2:
             print("timing CTranslate2 ...", file=sys.stderr, flush=True)
             version, times = ctranslate2_process(root, lines_file, output)
-            rows.append((f"CTranslate2 {version}", "-", "-", *times))
+            rows.append((f"CTranslate2 {version}", 1, "-", "-", *times))
         for backend in args.backends.split(","):
             print(f"timing {backend} ...", file=sys.stderr, flush=True)
             name = f"keras_transformer ({backend})"
             if backend != "tensorflow":
                 # As before TensorFlow was left out, beside the rows without it.
-                rows.append((name, "off", "yes", *ours(backend, lines_file, output, "off", tensorflow=True)))
+                rows.append((name, 1, "off", "yes", *ours(backend, lines_file, output, "off", tensorflow=True)))
             imported = "yes" if backend == "tensorflow" else "no"
-            rows.append((name, "off", imported, *ours(backend, lines_file, output, "off")))
+            rows.append((name, 1, "off", imported, *ours(backend, lines_file, output, "off")))
             if backend == "jax":
                 cache = os.path.join(root, "jax-cache")
-                rows.append((name, "empty", imported, *ours(backend, lines_file, output, cache)))
-                rows.append((name, "filled", imported, *ours(backend, lines_file, output, cache)))
+                rows.append((name, 1, "empty", imported, *ours(backend, lines_file, output, cache)))
+                rows.append((name, 1, "filled", imported, *ours(backend, lines_file, output, cache)))
+            rows.append((name, models, "off", imported, *ours(backend, lines_file, output, "off", ensemble=True)))
     peer = rows[0] if not args.no_ctranslate2 else None
     print(f"processor: {processor()}; preset {PRESET}; beam 4; file: {args.lines} test_2016_flickr lines")
     print()
-    print("| command | compile cache | TensorFlow imported | one sentence (s) | file (s) "
+    print("| command | models | compile cache | TensorFlow imported | one sentence (s) | file (s) "
           "| one sentence, x CTranslate2's time | file, x CTranslate2's time |")
-    print("| --- | --- | --- | ---: | ---: | ---: | ---: |")
-    for name, cache, tensorflow, one, file in rows:
-        ratios = f"{one / peer[3]:.2f}x | {file / peer[4]:.2f}x" if peer else "- | -"
-        print(f"| {name} | {cache} | {tensorflow} | {one:.1f} | {file:.1f} | {ratios} |")
+    print("| --- | ---: | --- | --- | ---: | ---: | ---: | ---: |")
+    for name, models, cache, tensorflow, one, file in rows:
+        ratios = f"{one / peer[4]:.2f}x | {file / peer[5]:.2f}x" if peer else "- | -"
+        print(f"| {name} | {models} | {cache} | {tensorflow} | {one:.1f} | {file:.1f} | {ratios} |")
 
 
 if __name__ == "__main__":

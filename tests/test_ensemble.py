@@ -268,3 +268,31 @@ def test_commands_decode_with_an_ensemble_presets_models_and_exports_warn(tmp_pa
     assert [m.backbone.num_layers for m in [model, *decoding["ensemble"]]] == [1, 1]
     with pytest.warns(UserWarning, match="the first of the ensemble's 2 models only"):
         export_marian(str(tmp_path / "preset"), tmp_path / "marian")
+
+
+def test_models_built_alike_share_their_compiled_steps(monkeypatch):
+    """The host search of an ensemble (sources that leave the batch, a
+    growing cache) finds what the search in one loop finds; on JAX and
+    TensorFlow it compiles each model's step once for the models built
+    alike: the second tiny model runs the first one's compiled code."""
+    from keras_transformer.decoding.compiled import compiles_steps
+
+    models = [tiny_model(seed=0), tiny_model(seed=3), two_layer_model(seed=5)]
+    traced = {i: 0 for i in range(3)}
+    for i, model in enumerate(models):
+        def counting(*args, _call=model.call_decoder_with_cache, _i=i, **kwargs):
+            traced[_i] += 1
+            return _call(*args, **kwargs)
+
+        monkeypatch.setattr(model, "call_decoder_with_cache", counting)
+    sources = [[START, 4, 5, END], [START, 5, 4, 4, 5, 1, END], [START, 1, END], [START, 4, END],
+               [START, 5, 5, 1, 4, END]]
+    settings = dict(beam_size=3, max_length_offset=6, num_results=2)
+    host = beam_search(Ensemble(models), sources, in_loop=False, **settings)
+    if compiles_steps():
+        assert traced[0] > 0 and traced[2] > 0
+        assert traced[1] == 0, "the second tiny model's step was compiled again"
+    loop = beam_search(Ensemble(models), sources, in_loop=True, **settings)
+    assert [[ids for ids, _, _ in result] for result in host] == [[ids for ids, _, _ in result] for result in loop]
+    np.testing.assert_allclose([s for result in host for _, s, _ in result],
+                               [s for result in loop for _, s, _ in result], rtol=1e-5)

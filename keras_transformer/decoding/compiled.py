@@ -34,24 +34,8 @@ def compile_for_inference(model, function):
     """
     backend = keras.config.backend()
     if backend == "jax":
-        import jax
-
-        variables = model.variables
-
-        def stateless(values, *args, **kwargs):
-            with keras.StatelessScope(state_mapping=list(zip(variables, values))):
-                return function(*args, **kwargs)
-
-        # Keyword arguments are static (Python values): one compilation each.
-        compiled = {}
-
-        def call(*args, **kwargs):
-            key = tuple(sorted(kwargs.items()))
-            if key not in compiled:
-                compiled[key] = jax.jit(functools.partial(stateless, **kwargs))
-            return compiled[key]([v.value for v in variables], *args)
-
-        return call
+        shared = compile_for_models(model, lambda _, *args, **kwargs: function(*args, **kwargs))
+        return functools.partial(shared, model)
     if backend == "tensorflow":
         import tensorflow as tf
 
@@ -72,6 +56,77 @@ def compile_for_inference(model, function):
 
         return eager
     return function
+
+
+def compile_for_models(template, function):
+    """`function(model, *args)` compiled once for every model built as
+    `template` is (the same `structure_key`), reading the weights of
+    the model it is called with.
+
+    On JAX and TensorFlow the compiled code takes the model's weights as
+    inputs: `function` is traced with `template`, its variables standing
+    for the weights passed in (`keras.StatelessScope`). The models of an
+    ensemble preset are built alike, so that one compilation of each
+    decoding function serves all of them
+    (`interface.decoding_functions`). On PyTorch, `function(model, *args)`
+    runs as `compile_for_inference` runs a function.
+
+    Returns:
+        `call(model, *args, **kwargs)`; keyword arguments are Python
+        values, compiled as constants.
+    """
+    backend = keras.config.backend()
+    if backend not in ("jax", "tensorflow"):
+        return compile_for_inference(template, function)
+    variables = template.variables
+    # Each model's variable list, gathered once (Keras walks every layer
+    # for it): the compiled functions go when variables change
+    # (`interface.forget_decoding_functions`).
+    held = {}
+
+    def values_of(model):
+        if id(model) not in held:
+            held[id(model)] = (model, model.variables)
+        return [v.value for v in held[id(model)][1]]
+
+    def stateless(values, *args, **kwargs):
+        with keras.StatelessScope(state_mapping=list(zip(variables, values))):
+            return function(template, *args, **kwargs)
+
+    if backend == "jax":
+        import jax
+
+        # Keyword arguments are static (Python values): one compilation each.
+        compiled = {}
+
+        def call(model, *args, **kwargs):
+            key = tuple(sorted(kwargs.items()))
+            if key not in compiled:
+                compiled[key] = jax.jit(functools.partial(stateless, **kwargs))
+            return compiled[key](values_of(model), *args)
+
+        return call
+    import tensorflow as tf
+
+    compiled = tf.function(stateless, jit_compile=True, reduce_retracing=True, autograph=False)
+
+    def call(model, *args, **kwargs):
+        return compiled(values_of(model), *args, **kwargs)
+
+    return call
+
+
+def structure_key(model):
+    """What models built alike share, so that code compiled for one runs
+    the others (`compile_for_models`): their class, their backbone's config
+    but for its name, and the shapes and dtypes of their variables, in
+    order. None for a model without a backbone config."""
+    get_config = getattr(getattr(model, "backbone", None), "get_config", None)
+    if get_config is None:
+        return None
+    config = {key: value for key, value in get_config().items() if key != "name"}
+    variables = tuple((tuple(v.shape), keras.backend.standardize_dtype(v.dtype)) for v in model.variables)
+    return type(model), repr(sorted(config.items())), variables
 
 
 def compiles_whole_loops():
