@@ -109,11 +109,19 @@ def compile_for_models(template, function):
     import tensorflow as tf
 
     compiled = tf.function(stateless, jit_compile=True, reduce_retracing=True, autograph=False)
+    # One trace a shape is the design (as for `compile_for_inference`):
+    # TensorFlow's warning about frequent retracing, which the models of
+    # an ensemble calling one function set off, says nothing to act on.
+    tf.get_logger().addFilter(_not_about_retracing)
 
     def call(model, *args, **kwargs):
         return compiled(values_of(model), *args, **kwargs)
 
     return call
+
+
+def _not_about_retracing(record):
+    return "triggered tf.function retracing" not in record.getMessage()
 
 
 def structure_key(model):
