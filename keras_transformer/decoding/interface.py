@@ -141,14 +141,10 @@ def decoding_functions(model):
         never_output = never_output_bias(model)
 
         def encode(encoder_token_ids, encoder_padding_mask):
-            output = model.encode(encoder_token_ids, encoder_padding_mask)
-            return output, model.cross_attention_cache(output)
+            return _model_encode(model, encoder_token_ids, encoder_padding_mask)
 
         def step(token_ids, index, cache, encoder_padding_mask, parents, log_probs, beam_size=None):
-            parents = ops.convert_to_tensor(parents, "int32")
-            cache = [
-                ((take_rows(keys, parents), take_rows(values, parents)), cross) for (keys, values), cross in cache
-            ]
+            cache = _reordered(cache, parents)
             # The reordered caches are new tensors, this step's own: PyTorch
             # writes the new position into them without copying them again.
             with in_place_cache_writes():
@@ -212,14 +208,20 @@ def _ensemble_decoding_functions(ensemble):
 
 
 def _model_encode(model, encoder_token_ids, encoder_padding_mask):
+    """A model's encoder output and its encoder-decoder keys and values."""
     output = model.encode(encoder_token_ids, encoder_padding_mask)
     return output, model.cross_attention_cache(output)
+
+
+def _reordered(cache, parents):
+    """The self-attention caches reordered to the beams' `parents` (row
+    indices); the cross-attention caches as they are."""
+    parents = ops.convert_to_tensor(parents, "int32")
+    return [((take_rows(keys, parents), take_rows(values, parents)), cross) for (keys, values), cross in cache]
 
 
 def _model_step(model, token_ids, index, cache, encoder_padding_mask, parents):
     """One model's part of an ensemble's step: its caches reordered to the
     beams' parents, its decoder step, its next-token probabilities."""
-    parents = ops.convert_to_tensor(parents, "int32")
-    cache = [((take_rows(keys, parents), take_rows(values, parents)), cross) for (keys, values), cross in cache]
-    logits, cache = model.call_decoder_with_cache(token_ids, index, cache, encoder_padding_mask)
+    logits, cache = model.call_decoder_with_cache(token_ids, index, _reordered(cache, parents), encoder_padding_mask)
     return probabilities_of(logits), cache
