@@ -313,6 +313,97 @@ def test_encoder_layers_run_the_plain_pytorch_step_without_gradients(variant, pl
 
 
 @only_torch
+@pytest.mark.parametrize(
+    "variant, plain",
+    [
+        ("float32", True),
+        ("pre_norm_and_value_dim", True),
+        ("learned_positions_and_bias", True),
+        ("bfloat16", True),
+        ("int8", True),
+        ("mixed_bfloat16", False),
+    ],
+)
+def test_search_steps_run_the_decoder_stack_as_plain_pytorch_calls(variant, plain, monkeypatch):
+    """Within a search (`unchanged_weights()`), a cached step of the
+    backbone is `torch_decoding_step.decoder_step`: the embedding, each
+    layer's plain step and the final norm called in a row, none of them
+    through `Layer.__call__` or a direct call's dispatch, with Keras'
+    logits; in mixed precision, the layers' own calls."""
+    from keras_transformer.layers import direct_calls as direct_module
+    from keras_transformer.layers.direct_calls import unchanged_weights
+    from keras_transformer.models.transformer import backbone as backbone_module
+
+    model = _model(variant)
+    expected = _cached_steps(model)
+    stepped, dispatched = [], []
+    original_step = backbone_module.decoder_step
+    monkeypatch.setattr(
+        backbone_module, "decoder_step", lambda *args: stepped.append(args[2]) or original_step(*args)
+    )
+    original_call = direct_module.DirectCall.__call__
+    monkeypatch.setattr(
+        direct_module.DirectCall, "__call__",
+        lambda self, *args, **kwargs: dispatched.append(type(self).__name__) or original_call(self, *args, **kwargs),
+    )
+    with direct_calls(), unchanged_weights():
+        direct = _cached_steps(model)
+    np.testing.assert_allclose(direct, expected, **_tolerance(variant))
+    assert stepped == [0, 1, 2]
+    # Only the output projection of each step is a layer call.
+    decoder_layers = [name for name in dispatched if name == "TransformerDecoderLayer"]
+    assert len(decoder_layers) == (0 if plain else 6)
+
+
+@only_torch
+def test_search_steps_read_the_weights_as_each_search_starts():
+    """What a search's steps hold of the weights is checked once a search
+    (`unchanged_weights()`), so weights written between two searches are
+    the second one's."""
+    import torch
+
+    from keras_transformer.layers.direct_calls import unchanged_weights
+
+    model = _model("float32")
+    # (In inference mode, as a search runs: the output projection of a few
+    # rows reads a copy of the embeddings, `_torch_projection_columns`.)
+    with torch.inference_mode(), direct_calls(), unchanged_weights():
+        before = _cached_steps(model)
+    layer = model.backbone.decoder_layers[1]
+    layer.set_weights([w * 1.5 for w in layer.get_weights()])
+    embeddings = model.backbone.token_embedding.embeddings
+    embeddings.assign(keras.ops.convert_to_numpy(embeddings) * 0.5)
+    expected = _cached_steps(model)
+    with torch.inference_mode(), direct_calls(), unchanged_weights():
+        direct = _cached_steps(model)
+    assert np.abs(expected - before).max() > 0.1
+    np.testing.assert_allclose(direct, expected, rtol=1e-5, atol=1e-5)
+
+
+@only_torch
+def test_training_after_a_search_records_gradients():
+    """A search runs in PyTorch's inference mode; what it leaves on the
+    layers for later calls (the sinusoid table) is a plain tensor, so a
+    training step after it records gradients through them."""
+    import torch
+
+    model = _model("float32")
+    beam_search(model, [SOURCES[0, :5].tolist()], beam_size=2, max_length_offset=4)
+    table = model.backbone.decoder_position.__dict__["_torch_table"]
+    assert not table.is_inference()
+    model.compile(optimizer="adam", loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    inputs = {
+        "encoder_token_ids": SOURCES, "encoder_padding_mask": SOURCES != 0,
+        "decoder_token_ids": SOURCES, "decoder_padding_mask": SOURCES != 0,
+    }
+    before = [w.copy() for w in model.get_weights()]
+    history = model.fit(inputs, np.roll(SOURCES, -1, axis=1), epochs=1, verbose=0)
+    assert np.isfinite(history.history["loss"][0])
+    assert any(np.abs(a - b).max() > 0 for a, b in zip(model.get_weights(), before))
+    assert torch.is_grad_enabled() and not torch.is_inference_mode_enabled()
+
+
+@only_torch
 def test_plain_pytorch_step_reads_weights_changed_after_it_ran():
     """The step's matrices (the self-attention's three projections joined
     into one, a copy) follow the layers' weights: written in place

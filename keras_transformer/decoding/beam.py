@@ -35,6 +35,7 @@ from keras_transformer.decoding.rules import length_penalty
 from keras_transformer.decoding.rules import output_budgets
 from keras_transformer.decoding.rules import search_is_over
 from keras_transformer.layers.direct_calls import take_rows
+from keras_transformer.layers.direct_calls import unchanged_weights
 
 _penalty = length_penalty  # `beam_search`'s argument of the same name hides it
 
@@ -151,7 +152,10 @@ def beam_search(
     if in_loop is None:
         in_loop = functions is None and compiles_whole_loops() and len(rows) <= LOOP_BATCH_SIZE
     search = _search_in_loop if in_loop else _search
-    finished = search(model, [sources[i] for i in rows], max_length_offset, settings, functions)
+    # No weight changes while a search runs: PyTorch's steps check what
+    # they hold of the weights once (`direct_calls.unchanged_weights`).
+    with unchanged_weights():
+        finished = search(model, [sources[i] for i in rows], max_length_offset, settings, functions)
     for source, i in enumerate(rows):
         ranked = sorted(finished[source], key=lambda item: -item[0])[:num_results]
         results[i] = [(ids, float(score), float(log_prob)) for score, log_prob, ids in ranked]

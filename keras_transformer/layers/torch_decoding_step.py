@@ -42,12 +42,15 @@ only where a fused product does (about 1e-7 of a float32 value):
 import math
 
 from keras.dtype_policies import DTypePolicyMap
+from keras.src.backend import get_autocast_scope
 
 from keras_transformer.layers.direct_calls import _activated
 from keras_transformer.layers.direct_calls import _torch_call_of
+from keras_transformer.layers.direct_calls import _torch_direct
 from keras_transformer.layers.direct_calls import additive_mask
 from keras_transformer.layers.direct_calls import int8_product
 from keras_transformer.layers.direct_calls import prepacked_product
+from keras_transformer.layers.direct_calls import unchanged_scope
 from keras_transformer.layers.direct_calls import write_cache
 
 
@@ -137,17 +140,21 @@ def step_weights(layer):
     sub-layer has no plain PyTorch call (LoRA, quantized other than to
     int8, or a structure `direct_calls` does not reduce to a product).
 
-    What it checks at every step is kept short (a step of one sentence's
-    beams takes well under a millisecond a layer): that no sub-layer's
-    dtype policy was replaced (quantization replaces it) or LoRA enabled,
-    and that no weight was replaced or written to since the matrices were
-    made.
+    What it checks is kept short (a step of one sentence's beams takes
+    well under a millisecond a layer): that no sub-layer's dtype policy was
+    replaced (quantization replaces it) or LoRA enabled, and that no weight
+    was replaced or written to since the matrices were made; within
+    `direct_calls.unchanged_weights()` (a search), once.
     """
     held = layer.__dict__.get("_torch_step_weights")
+    scope = unchanged_scope()
     if held is not None:
-        sublayers, variables, weights = held
+        sublayers, variables, weights, checked_in = held
+        if scope is not None and checked_in is scope:
+            return weights
         plain = all(_still_plain(sublayer, policy) for sublayer, policy in sublayers)
         if plain and all(v._value is value and value._version == count for v, value, count in variables):
+            held[3] = scope
             return weights
     sublayers = _sublayers(layer)
     if any(
@@ -159,7 +166,7 @@ def step_weights(layer):
     # Tracked attributes would be saved: set it past Keras' tracker.
     object.__setattr__(
         layer, "_torch_step_weights",
-        ([(sublayer, sublayer._dtype_policy) for sublayer in sublayers], variables, weights),
+        [[(sublayer, sublayer._dtype_policy) for sublayer in sublayers], variables, weights, scope],
     )
     return weights
 
@@ -202,14 +209,16 @@ def _additive_mask(layer, padding_mask, like):
     import torch
 
     held = layer.__dict__.get("_torch_step_mask")
-    version = getattr(padding_mask, "_version", None)
+    # (A tensor made in inference mode counts no writes: it is not kept.)
+    inference = isinstance(padding_mask, torch.Tensor) and padding_mask.is_inference()
+    version = None if inference else getattr(padding_mask, "_version", None)
     if (
         held is not None and held[0] is padding_mask and held[1] == version
         and held[2].dtype == like.dtype and held[2].device == like.device
     ):
         return held[2]
     mask = additive_mask(torch.as_tensor(padding_mask, device=like.device).to(torch.bool)[:, None, None, :], like)
-    object.__setattr__(layer, "_torch_step_mask", (padding_mask, version, mask))
+    object.__setattr__(layer, "_torch_step_mask", (None if inference else padding_mask, version, mask))
     return mask
 
 
@@ -259,6 +268,67 @@ def decoding_step(layer, weights, x, index, self_attention_cache, cross_attentio
     x = _residual(weights, x, cross_attention, weights.norms[1])
     x = _residual(weights, x, lambda x: _feed_forward(weights, x), weights.norms[2])
     return x, written["cache"]
+
+
+def decoder_step(backbone, token_ids, index, cache, encoder_padding_mask):
+    """`backbone.decode(token_ids, encoder_padding_mask=encoder_padding_mask,
+    cache=cache, cache_index=index)` of one position, in inference, within
+    a search (`direct_calls.unchanged_weights()`) on PyTorch: the
+    embedding, each decoder layer's `decoding_step` and the final
+    LayerNorm called one after another, with no `Layer.__call__` or
+    `direct_calls` dispatch between them, and what they need of the layers
+    (their `StepWeights`, their PyTorch calls) gathered once a search.
+
+    At one sentence's beams a step's arithmetic is small: dispatching the
+    embedding, the positions, the dropout and each layer, and checking
+    each layer's weights, took about a tenth of a translation's time.
+
+    Returns:
+        `(decoder_output, cache)` as `decode` returns them, or None where
+        this does not apply (outside a search, other backends, several
+        positions, mixed precision, a layer without a plain step): then
+        `decode` calls its layers.
+    """
+    scope = unchanged_scope()
+    if scope is None or not _torch_direct() or token_ids.shape[1] != 1 or not isinstance(index, int):
+        return None
+    held = backbone.__dict__.get("_torch_decoder_plan")
+    if held is None or held[0] is not scope:
+        held = (scope, _decoder_plan(backbone))
+        object.__setattr__(backbone, "_torch_decoder_plan", held)
+    plan = held[1]
+    if plan is None or any(cross is None for _, cross in cache):
+        return None
+    embed, position, layers, norm = plan
+    x = embed(token_ids)
+    x = x + position(x, start_index=index)
+    new_cache = []
+    for (layer, weights), (self_cache, cross_cache) in zip(layers, cache):
+        x, self_cache = decoding_step(layer, weights, x, index, self_cache, cross_cache, encoder_padding_mask)
+        new_cache.append((self_cache, cross_cache))
+    return (x if norm is None else norm(x)), new_cache
+
+
+def _decoder_plan(backbone):
+    """`(embed, position, [(layer, step_weights)], norm)` for
+    `decoder_step`: the calls `direct_calls` would make, or None where a
+    layer computes in another dtype than its weights (mixed precision) or
+    has no plain step."""
+    norm = backbone.decoder_norm
+    layers = [backbone.token_embedding, backbone.decoder_position, *backbone.decoder_layers]
+    layers += [] if norm is None else [norm]
+    if get_autocast_scope() is not None or any(
+        not layer.built or layer.compute_dtype != layer.variable_dtype for layer in layers
+    ):
+        return None
+    embed = _torch_call_of(backbone.token_embedding)
+    weights = [step_weights(layer) for layer in backbone.decoder_layers]
+    if embed is None or any(w is None for w in weights):
+        return None
+    # (A layer without a PyTorch call of its own is called as `direct_calls` calls it.)
+    position = _torch_call_of(backbone.decoder_position) or backbone.decoder_position
+    norm = None if norm is None else (_torch_call_of(norm) or norm)
+    return embed, position, list(zip(backbone.decoder_layers, weights)), norm
 
 
 def encoding_step(layer, weights, x, padding_mask):
@@ -328,7 +398,12 @@ def sinusoid_table(layer, length, like):
         held is None or held.shape[0] < length or held.shape[1] != d_model
         or held.dtype != like.dtype or held.device != like.device
     ):
+        import torch
+
         size = max(64, 2 ** math.ceil(math.log2(max(length, 1))))
-        held = layer.call(like.new_zeros((1, size, d_model)))[0]
+        # A plain tensor even when first asked for in inference mode
+        # (decoding's): training adds it to tensors that record gradients.
+        with torch.inference_mode(False), torch.no_grad():
+            held = layer.call(torch.zeros((1, size, d_model), dtype=like.dtype, device=like.device))[0]
         object.__setattr__(layer, "_torch_table", held)
     return held

@@ -13,6 +13,7 @@ from keras_transformer.layers.embedding import SharedTokenEmbedding
 from keras_transformer.layers.encoder import TransformerEncoderLayer
 from keras_transformer.layers.position import LearnedPositionEmbedding
 from keras_transformer.layers.position import SinusoidalPositionEncoding
+from keras_transformer.layers.torch_decoding_step import decoder_step
 from keras_transformer.presets import PresetIO
 from keras_transformer.presets import int8
 from keras_transformer.presets.layout import INT8_WEIGHTS_FILE
@@ -285,6 +286,13 @@ class TransformerBackbone(PresetIO, keras_hub.models.Backbone):
             attention weights if asked for; then, with a cache, the cache
             with the positions of `token_ids` written.
         """
+        if cache is not None and encoder_output is None and decoder_padding_mask is None and not (
+            training or return_attention_scores
+        ):
+            # A search's step on PyTorch: its layers' plain calls in a row.
+            stepped = decoder_step(self, token_ids, cache_index, cache, encoder_padding_mask)
+            if stepped is not None:
+                return stepped
         x = self.embed(
             token_ids,
             self.decoder_position,
