@@ -117,10 +117,33 @@ def compile_for_models(template, function):
     # an ensemble calling one function set off, says nothing to act on.
     tf.get_logger().addFilter(_not_about_retracing)
 
+    # Each shape's traced function, found by the arguments' shapes: a call
+    # through `tf.function` matches each argument, the model's weights
+    # included (a hundred variables or more), against its traces, which
+    # cost about 1 ms a call (a 4+4-layer model's step at 256 rows: 21.5
+    # against 20.2 ms).
+    traces = {}
+
     def call(model, *args, **kwargs):
-        return compiled(values_of(model), *args, **kwargs)
+        values = values_of(model)
+        key = _shapes(args, kwargs)
+        trace = traces.get(key)
+        if trace is None:
+            trace = traces[key] = compiled.get_concrete_function(values, *args, **kwargs)
+        return trace(values, *args, **kwargs)
 
     return call
+
+
+def _shapes(args, kwargs):
+    """What tells apart the traces of a function of these arguments: the
+    shape and dtype of each tensor or array, the other values themselves."""
+    import tensorflow as tf
+
+    return tuple(
+        (tuple(leaf.shape), str(leaf.dtype)) if hasattr(leaf, "shape") and hasattr(leaf, "dtype") else leaf
+        for leaf in tf.nest.flatten((args, sorted(kwargs.items())))
+    )
 
 
 def _not_about_retracing(record):
