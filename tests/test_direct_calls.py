@@ -630,6 +630,19 @@ def test_direct_attention_and_row_take_give_keras_results():
     np.testing.assert_array_equal(taken, to_numpy(value)[[1, 1, 0]])
 
 
+@pytest.mark.parametrize("axis", [2, -2, 0])
+def test_zero_padded_pads_one_axis_with_zeros(axis):
+    """`direct_calls.zero_padded` (a search's cache growing by positions)
+    is NumPy's zero padding of one axis, on every backend."""
+    from keras_transformer.layers.direct_calls import zero_padded
+
+    x = np.random.default_rng(2).normal(size=(3, 2, 5, 4)).astype("float32")
+    padding = [(0, 0)] * 4
+    padding[axis] = (0, 7 - x.shape[axis])
+    padded = to_numpy(zero_padded(keras.ops.convert_to_tensor(x), axis, 7))
+    np.testing.assert_array_equal(padded, np.pad(x, padding))
+
+
 @pytest.mark.skipif(keras.config.backend() != "torch", reason="the int8 products of direct calls are PyTorch's")
 def test_int8_layers_multiply_as_int8_with_keras_results():
     """Quantized to int8, the model's projections, feed-forward layers and

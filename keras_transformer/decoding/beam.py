@@ -36,6 +36,7 @@ from keras_transformer.decoding.rules import output_budgets
 from keras_transformer.decoding.rules import search_is_over
 from keras_transformer.layers.direct_calls import take_rows
 from keras_transformer.layers.direct_calls import unchanged_weights
+from keras_transformer.layers.direct_calls import zero_padded
 
 _penalty = length_penalty  # `beam_search`'s argument of the same name hides it
 
@@ -83,12 +84,9 @@ def _grow_self_attention_cache(cache, length):
     """Zero-pads every self-attention key/value cache, `(batch, heads,
     positions, d)`, to `length` positions."""
 
-    def grow(x):
-        padding = [(0, 0)] * len(ops.shape(x))
-        padding[2] = (0, length - ops.shape(x)[2])
-        return ops.pad(x, padding)
-
-    return [((grow(keys), grow(values)), cross) for (keys, values), cross in cache]
+    return [
+        ((zero_padded(keys, 2, length), zero_padded(values, 2, length)), cross) for (keys, values), cross in cache
+    ]
 
 
 def round_up(value, multiple):

@@ -207,6 +207,21 @@ def take_rows(x, rows):
     return x.index_select(0, rows)
 
 
+def zero_padded(x, axis, length):
+    """`x` with zeros after its entries along `axis`, to `length` of them:
+    `keras.ops.pad`, which on PyTorch is one `torch.nn.functional.pad` call
+    (Keras' conversions and checks took 86 us against 4 for a decoding
+    cache of one sentence's beams)."""
+    if keras.config.backend() != "torch":
+        padding = [(0, 0)] * len(keras.ops.shape(x))
+        padding[axis] = (0, length - keras.ops.shape(x)[axis])
+        return keras.ops.pad(x, padding)
+    from torch.nn.functional import pad
+
+    # (`pad` lists the axes from the last, two numbers an axis.)
+    return pad(x, (0, 0) * (x.dim() - 1 - axis % x.dim()) + (0, length - x.shape[axis]))
+
+
 class DirectCall:
     """Mixin for `keras.layers.Layer` subclasses: inside `direct_calls()`,
     calling a built layer runs its `call` (or `quantized_call`) directly,
