@@ -231,19 +231,21 @@ def test_beam_search_on_pytorch_calls_no_layer_through_keras(layer_calls, monkey
 only_torch = pytest.mark.skipif(keras.config.backend() != "torch", reason="the plain PyTorch step is PyTorch's")
 
 
+# The decoder's variants, and whether a cached step of each runs as plain
+# PyTorch calls (`torch_decoding_step`): all but mixed precision.
+DECODING_STEP_VARIANTS = [
+    ("float32", True),
+    ("pre_norm_and_value_dim", True),
+    ("learned_positions_and_bias", True),
+    ("bfloat16", True),
+    ("int8", True),
+    ("int8_partial", True),
+    ("mixed_bfloat16", False),
+]
+
+
 @only_torch
-@pytest.mark.parametrize(
-    "variant, plain",
-    [
-        ("float32", True),
-        ("pre_norm_and_value_dim", True),
-        ("learned_positions_and_bias", True),
-        ("bfloat16", True),
-        ("int8", True),
-        ("int8_partial", True),
-        ("mixed_bfloat16", False),
-    ],
-)
+@pytest.mark.parametrize("variant, plain", DECODING_STEP_VARIANTS)
 def test_decoding_steps_run_the_plain_pytorch_step_where_it_applies(variant, plain, monkeypatch):
     """Inside `direct_calls()` a decoder layer's cached step is
     `torch_decoding_step.decoding_step` (float weights computing in their
@@ -313,17 +315,7 @@ def test_encoder_layers_run_the_plain_pytorch_step_without_gradients(variant, pl
 
 
 @only_torch
-@pytest.mark.parametrize(
-    "variant, plain",
-    [
-        ("float32", True),
-        ("pre_norm_and_value_dim", True),
-        ("learned_positions_and_bias", True),
-        ("bfloat16", True),
-        ("int8", True),
-        ("mixed_bfloat16", False),
-    ],
-)
+@pytest.mark.parametrize("variant, plain", DECODING_STEP_VARIANTS)
 def test_search_steps_run_the_decoder_stack_as_plain_pytorch_calls(variant, plain, monkeypatch):
     """Within a search (`unchanged_weights()`), a cached step of the
     backbone is `torch_decoding_step.decoder_step`: the embedding, each
