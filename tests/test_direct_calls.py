@@ -730,3 +730,50 @@ def test_dropout_drops_at_its_rate_and_keeps_the_expectation(rate):
     again(x, training=True)
     assert (to_numpy(again(x, training=True)) != seeded[0]).any()
     assert 0 < keep < 1
+
+
+@only_torch
+@pytest.mark.parametrize("rows", [4, 32])
+@pytest.mark.parametrize("value_depth", [8, 16])
+def test_attention_over_a_cache_sees_its_written_positions_only(rows, value_depth):
+    """`torch_decoding_step.attend_to_cache`, one query a row over the
+    written positions 0 to `index` of a self-attention cache (the fused
+    kernel for few rows, the whole cache masked from
+    `_MASKED_FROM_ROWS`), is equation (1) in NumPy over those positions,
+    whatever the positions after them hold."""
+    import torch
+
+    from keras_transformer.layers.torch_decoding_step import _MASKED_FROM_ROWS
+    from keras_transformer.layers.torch_decoding_step import attend_to_cache
+
+    assert (rows >= _MASKED_FROM_ROWS) == (rows == 32)  # each path once
+    heads, length, depth, index = 4, 16, 8, 6
+    rng = np.random.default_rng(rows)
+    query = rng.normal(size=(rows, heads, 1, depth)).astype("float32")
+    keys = rng.normal(size=(rows, heads, length, depth)).astype("float32")
+    values = rng.normal(size=(rows, heads, length, value_depth)).astype("float32")
+    scores = query @ keys[:, :, : index + 1].transpose(0, 1, 3, 2) / np.sqrt(depth)
+    weights = np.exp(scores - scores.max(-1, keepdims=True))
+    expected = (weights / weights.sum(-1, keepdims=True)) @ values[:, :, : index + 1]
+    with torch.inference_mode():
+        attended = attend_to_cache(*(torch.from_numpy(x) for x in (query, keys, values)), index)
+    np.testing.assert_allclose(attended.numpy(), expected.reshape(rows * heads, 1, value_depth), rtol=1e-5, atol=1e-5)
+
+
+@only_torch
+@pytest.mark.parametrize("variant", ["float32", "pre_norm_and_value_dim"])
+def test_decoding_steps_masking_the_whole_cache_give_keras_logits(variant, monkeypatch):
+    """The decoding step with the masked whole-cache attention at any
+    number of rows (the test's 2 included) gives Keras' logits."""
+    from keras_transformer.layers import torch_decoding_step
+
+    model = _model(variant)
+    expected = _cached_steps(model)
+    monkeypatch.setattr(torch_decoding_step, "_MASKED_FROM_ROWS", 1)
+    calls = []
+    original = torch_decoding_step._future_mask
+    monkeypatch.setattr(torch_decoding_step, "_future_mask", lambda *args: calls.append(args[1]) or original(*args))
+    with direct_calls():
+        direct = _cached_steps(model)
+    np.testing.assert_allclose(direct, expected, **_tolerance(variant))
+    assert sorted(calls) == [0, 0, 1, 1, 2, 2]  # 2 layers, 3 steps
