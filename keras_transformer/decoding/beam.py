@@ -28,6 +28,7 @@ from keras import ops
 
 from keras_transformer.decoding.compiled import compiles_steps
 from keras_transformer.decoding.compiled import compiles_whole_loops
+from keras_transformer.decoding.compiled import to_numpy
 from keras_transformer.decoding.interface import decoding_functions
 from keras_transformer.decoding.interface import search_loop_function
 from keras_transformer.decoding.rules import LENGTH_PENALTIES
@@ -211,8 +212,8 @@ def _search(model, sources, max_length_offset, settings, functions):
         )
         # The 2k best extensions of each source's beams, best first: their
         # log-probabilities and flat indices into (beam, token).
-        candidates = ops.convert_to_numpy(values).astype("float64")
-        order = ops.convert_to_numpy(indices)
+        candidates = to_numpy(values).astype("float64")
+        order = to_numpy(indices)
         if candidates.shape[1] < 2 * k:  # a first beam with fewer extensions
             missing = ((0, 0), (0, 2 * k - candidates.shape[1]))
             candidates, order = np.pad(candidates, missing, constant_values=-np.inf), np.pad(order, missing)
@@ -312,23 +313,26 @@ def _rank(settings, candidates, order, sequences, done, length, finished, pad_id
     """
     k = settings.beam_size
     parent, token = np.divmod(order.astype("int64"), settings.vocabulary_size)
-    usable = np.isfinite(candidates) & ~done[:, None]
+    usable = np.isfinite(candidates)
+    usable[done] = False
     is_end = token == settings.end_id
-    ends = usable & is_end & (np.arange(candidates.shape[1]) < k)
-    for row, rank in zip(*np.nonzero(ends)):
-        value = candidates[row, rank]
-        score = value / _penalty(length, settings.alpha, settings.kind)
-        finished[row].append((score, value, sequences[row, parent[row, rank]].tolist()))
+    ends = usable[:, :k] & is_end[:, :k]
+    if ends.any():
+        penalty = _penalty(length, settings.alpha, settings.kind)
+        for row, rank in zip(*np.nonzero(ends)):
+            value = candidates[row, rank]
+            finished[row].append((value / penalty, value, sequences[row, parent[row, rank]].tolist()))
     others = usable & ~is_end
     chosen = others & (np.cumsum(others, axis=1) <= k)
     picks = np.argsort(~chosen, axis=1, kind="stable")[:, :k]  # the chosen, in rank order
-    live = np.take_along_axis(chosen, picks, axis=1)
-    return (
-        np.where(live, np.take_along_axis(candidates, picks, axis=1), -np.inf),
-        np.where(live, np.take_along_axis(parent, picks, axis=1), 0),
-        np.where(live, np.take_along_axis(token, picks, axis=1), pad_id).astype("int32"),
-        live.sum(axis=1),
-    )
+    # (Indexing by rows and picks, not `np.take_along_axis`: run at every
+    # step on a few numbers, this function's time is NumPy's call overhead.)
+    rows = np.arange(len(picks))[:, None]
+    live = chosen[rows, picks]
+    dead = ~live
+    log_probs, parents, tokens = candidates[rows, picks], parent[rows, picks], token[rows, picks].astype("int32")
+    log_probs[dead], parents[dead], tokens[dead] = -np.inf, 0, pad_id
+    return log_probs, parents, tokens, live.sum(axis=1)
 
 
 def _sources_done(settings, log_probs, parents, tokens, live, sequences, done, length, budgets, finished):
@@ -338,18 +342,20 @@ def _sources_done(settings, log_probs, parents, tokens, live, sequences, done, l
     `rules.search_is_over`. Returns the new `done`."""
     k, n = settings.beam_size, settings.num_results
     at_budget = ~done & (length >= budgets)
-    for row in np.flatnonzero(at_budget):
-        for beam in range(live[row]):
-            ids = sequences[row, parents[row, beam]].tolist() + [int(tokens[row, beam])]
-            score = log_probs[row, beam] / _penalty(length, settings.alpha, settings.kind)
-            finished[row].append((score, log_probs[row, beam], ids))
+    if at_budget.any():
+        penalty = _penalty(length, settings.alpha, settings.kind)
+        for row in np.flatnonzero(at_budget):
+            for beam in range(live[row]):
+                ids = sequences[row, parents[row, beam]].tolist() + [int(tokens[row, beam])]
+                finished[row].append((log_probs[row, beam] / penalty, log_probs[row, beam], ids))
     # The n-th and k-th best finished scores (-inf while fewer).
     best = np.full((len(done), k), -np.inf)
+    counts = np.zeros(len(done), "int64")
     for row, hypotheses in enumerate(finished):
+        counts[row] = len(hypotheses)
         if len(hypotheses) >= n and not done[row]:  # (with fewer, rule 5 waits)
             scores = sorted((score for score, _, _ in hypotheses), reverse=True)[:k]
             best[row, : len(scores)] = scores
-    counts = np.array([len(hypotheses) for hypotheses in finished])
     over = search_is_over(
         counts, log_probs.max(axis=1), best[:, n - 1], best[:, k - 1], length, budgets, k, n,
         settings.alpha, settings.kind,
