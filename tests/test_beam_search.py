@@ -430,3 +430,20 @@ def test_best_extensions_rank_every_extension(beams, vocabulary, count, ties):
         # JAX's and TensorFlow's top_k keep the lower index first among
         # equal values (PyTorch's leaves that order open).
         np.testing.assert_array_equal(indices[finite], expected_indices[finite])
+
+
+@pytest.mark.parametrize("dtype", ["float32", "int32", "bfloat16"])
+def test_step_outputs_read_back_as_keras_reads_them(dtype):
+    """`compiled.to_numpy` (how a search reads its steps' candidates back)
+    gives Keras' `convert_to_numpy`: the same values and dtype, in an array
+    of its own (writing to it leaves the tensor as it was)."""
+    from keras_transformer.decoding.compiled import to_numpy
+
+    values = np.array([[1.5, -2.25, 3.0], [0.0, 7.0, -1.0]], "float32")
+    tensor = ops.cast(ops.convert_to_tensor(values), dtype)
+    expected = ops.convert_to_numpy(tensor)
+    got = to_numpy(tensor)
+    assert isinstance(got, np.ndarray) and got.dtype == expected.dtype
+    np.testing.assert_array_equal(got, expected)
+    got[0, 0] = 100
+    np.testing.assert_array_equal(ops.convert_to_numpy(tensor), expected)
