@@ -64,9 +64,11 @@ def compile_for_inference(model, function):
 def to_numpy(x):
     """`keras.ops.convert_to_numpy(x)` of one tensor `x`: on PyTorch, for a
     CPU tensor of a dtype NumPy has, a copy of its memory through its own
-    `.numpy()`. Keras' conversion, made for any nest of tensors, took about
-    20 us a tensor: searches read two small tensors back at every step,
-    and at one sentence's beams that was 3% of a translation's time."""
+    `.numpy()`. Keras' conversion, made for any nest of tensors, took 5 us
+    a tensor where this takes 2, and about 20 inside a search, whose steps
+    leave little of its code in the processor's caches: a search reads two
+    small tensors back at every step, and one sentence at a time Keras'
+    conversions were 3% of a translation's time."""
     if keras.config.backend() == "torch":
         import torch
 
