@@ -256,14 +256,21 @@ def test_decoding_steps_run_the_plain_pytorch_step_where_it_applies(variant, pla
 
     model = _model(variant)
     expected = _cached_steps(model)
-    steps = []
-    original = decoder.decoding_step
-    monkeypatch.setattr(decoder, "decoding_step", lambda *args: steps.append(args[3]) or original(*args))
-    with direct_calls():
-        direct = _cached_steps(model)
+    direct, steps = _direct_steps_recording(model, monkeypatch, decoder, "decoding_step", 3)
     np.testing.assert_allclose(direct, expected, **_tolerance(variant))
     # 2 layers, 3 steps: positions 0, 1, 2 in each.
-    assert sorted(steps) == ([0, 0, 1, 1, 2, 2] if plain else [])
+    assert steps == ([0, 0, 1, 1, 2, 2] if plain else [])
+
+
+def _direct_steps_recording(model, monkeypatch, module, name, position_argument):
+    """`_cached_steps(model)` within `direct_calls()`, with the positions
+    that `module.name` was called with (its argument `position_argument`),
+    sorted."""
+    positions = []
+    original = getattr(module, name)
+    monkeypatch.setattr(module, name, lambda *args: positions.append(args[position_argument]) or original(*args))
+    with direct_calls():
+        return _cached_steps(model), sorted(positions)
 
 
 @only_torch
@@ -770,10 +777,6 @@ def test_decoding_steps_masking_the_whole_cache_give_keras_logits(variant, monke
     model = _model(variant)
     expected = _cached_steps(model)
     monkeypatch.setattr(torch_decoding_step, "_MASKED_FROM_ROWS", 1)
-    calls = []
-    original = torch_decoding_step._future_mask
-    monkeypatch.setattr(torch_decoding_step, "_future_mask", lambda *args: calls.append(args[1]) or original(*args))
-    with direct_calls():
-        direct = _cached_steps(model)
+    direct, masked = _direct_steps_recording(model, monkeypatch, torch_decoding_step, "_future_mask", 1)
     np.testing.assert_allclose(direct, expected, **_tolerance(variant))
-    assert sorted(calls) == [0, 0, 1, 1, 2, 2]  # 2 layers, 3 steps
+    assert masked == [0, 0, 1, 1, 2, 2]  # 2 layers, 3 steps
