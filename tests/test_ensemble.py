@@ -296,3 +296,120 @@ def test_models_built_alike_share_their_compiled_steps(monkeypatch):
     assert [[ids for ids, _, _ in result] for result in host] == [[ids for ids, _, _ in result] for result in loop]
     np.testing.assert_allclose([s for result in host for _, s, _ in result],
                                [s for result in loop for _, s, _ in result], rtol=1e-5)
+
+
+def _ensemble_for_grouping(normalize_first=False):
+    """Five models: three alike (one layer), then a two-layer one, then
+    another two-layer one, interleaved so that groups are not runs."""
+    import keras
+
+    from keras_transformer.models import TransformerBackbone
+    from keras_transformer.models import TransformerSeq2SeqLM
+
+    def two_layers(seed):
+        keras.utils.set_random_seed(seed)
+        backbone = TransformerBackbone(6, num_layers=2, d_model=8, d_ff=16, num_heads=2, dropout=0.0,
+                                       normalize_first=normalize_first)
+        backbone.token_embedding.embeddings.assign(np.random.normal(0, 1.5, (6, 8)).astype("float32"))
+        return TransformerSeq2SeqLM(backbone)
+
+    one = [tiny_model(seed=seed, normalize_first=normalize_first) for seed in (0, 1, 2)]
+    models = [one[0], two_layers(5), one[1], two_layers(6), one[2]]
+    # Every bias, LayerNorm scale and offset, and kernel moved off its
+    # initial value, so that each model's own weights show in its outputs.
+    rng = np.random.default_rng(7)
+    for model in models:
+        for variable in model.variables:
+            if "embeddings" not in variable.path:
+                variable.assign(ops.convert_to_numpy(variable) + rng.normal(0, 0.2, variable.shape).astype("float32"))
+    return Ensemble(models)
+
+
+@pytest.mark.skipif(__import__("keras").config.backend() != "torch", reason="the grouped step is PyTorch's")
+@pytest.mark.parametrize("normalize_first", [False, True])
+def test_alike_models_step_as_one_with_the_ensembles_probabilities(normalize_first, monkeypatch):
+    """On PyTorch, for a few rows, an ensemble's alike models step as one
+    (`torch_ensemble_step.grouped_step`): the log-probabilities of three
+    cached steps (two sources, one padded) and a beam search's results
+    are those of the models stepped one after another."""
+    from keras_transformer.decoding import torch_ensemble_step
+    from keras_transformer.decoding.interface import decoding_functions
+    from keras_transformer.decoding.interface import forget_decoding_functions
+    from keras_transformer.layers.direct_calls import unchanged_weights
+
+    ensemble = _ensemble_for_grouping(normalize_first)
+    sources = np.array([[START, 4, 5, 4, END], [START, 5, END, 0, 0]], "int32")
+    mask = (sources != 0).astype("int32")
+    grouped = []
+    original = torch_ensemble_step._group_step
+    monkeypatch.setattr(torch_ensemble_step, "_group_step", lambda *a: grouped.append(1) or original(*a))
+
+    def steps(few_rows):
+        monkeypatch.setattr(torch_ensemble_step, "FEW_ROWS", few_rows)
+        forget_decoding_functions(ensemble)
+        encode, step = decoding_functions(ensemble)
+        _, cross = encode(sources, mask)
+        cache = list(zip(ensemble.empty_self_attention_cache(2, 8), cross))
+        values = []
+        with unchanged_weights():
+            for index, tokens in enumerate([[START, START], [4, 5], [3, 4]]):
+                top, indices, cache = step(np.array(tokens, "int32")[:, None], np.asarray(index, "int32"), cache,
+                                           mask, np.arange(2, dtype="int32"), np.zeros((2, 1), "float32"),
+                                           beam_size=1)
+                values.append((ops.convert_to_numpy(top), ops.convert_to_numpy(indices)))
+        return values
+
+    one_after_another = steps(0)
+    assert not grouped
+    as_groups = steps(16)
+    assert len(grouped) == 2 * 3  # two groups, three steps
+    for (top, indices), (expected_top, expected_indices) in zip(as_groups, one_after_another):
+        np.testing.assert_array_equal(indices, expected_indices)
+        np.testing.assert_allclose(top, expected_top, rtol=1e-5, atol=1e-5)
+
+    def search(few_rows):
+        monkeypatch.setattr(torch_ensemble_step, "FEW_ROWS", few_rows)
+        return beam_search(ensemble, [list(row[row != 0]) for row in sources], beam_size=4, alpha=0.6,
+                           max_length_offset=4, num_results=4)
+
+    expected = search(0)
+    got = search(16)
+    assert [[ids for ids, _, _ in r] for r in got] == [[ids for ids, _, _ in r] for r in expected]
+    np.testing.assert_allclose([s for r in got for _, s, _ in r], [s for r in expected for _, s, _ in r], rtol=1e-5)
+
+
+@pytest.mark.skipif(__import__("keras").config.backend() != "torch", reason="the grouped step is PyTorch's")
+def test_grouped_weights_follow_the_models_weights():
+    """Weights written between two searches reach the next search's grouped
+    step (an embedding matrix alone, then a decoder layer's kernel alone):
+    its results change with them, and equal the models stepped one after
+    another."""
+    from keras_transformer.decoding import torch_ensemble_step
+
+    ensemble = _ensemble_for_grouping()
+    source = [[START, 4, 5, 4, END]]
+
+    def search(few_rows=torch_ensemble_step.FEW_ROWS):
+        original, torch_ensemble_step.FEW_ROWS = torch_ensemble_step.FEW_ROWS, few_rows
+        try:
+            return beam_search(ensemble, source, beam_size=2, max_length_offset=4, num_results=2)[0]
+        finally:
+            torch_ensemble_step.FEW_ROWS = original
+
+    def write_embeddings():
+        ensemble.models[4].backbone.token_embedding.embeddings.assign(
+            np.random.default_rng(3).normal(0, 1.5, (6, 16)).astype("float32")
+        )
+
+    def write_kernel():
+        kernel = ensemble.models[2].backbone.decoder_layers[0].feed_forward.output_dense.kernel
+        kernel.assign(ops.convert_to_numpy(kernel) * 3.0)
+
+    before = search()
+    for write in (write_embeddings, write_kernel):
+        write()
+        after, expected = search(), search(few_rows=0)
+        assert [s for _, s, _ in after] != pytest.approx([s for _, s, _ in before], rel=1e-3)
+        assert [ids for ids, _, _ in after] == [ids for ids, _, _ in expected]
+        np.testing.assert_allclose([s for _, s, _ in after], [s for _, s, _ in expected], rtol=1e-5)
+        before = after
