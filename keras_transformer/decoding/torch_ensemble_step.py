@@ -14,6 +14,9 @@ the same translations. In a plain-PyTorch sketch of a group's step, 256
 rows ran slower as one than one model after another (46.5 against 30.8
 ms for three models), hence `FEW_ROWS`.
 
+The stacked weights are a copy, held on the ensemble until a member's
+weights change (56 MB for the shipped preset's two groups).
+
 Each model keeps its own cache entries: the group's are joined along the
 heads' axis at each step (a copy of a few kilobytes at these row counts)
 and handed back as views, which the search's next reorder copies anyway.
