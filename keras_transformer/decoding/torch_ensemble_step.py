@@ -82,6 +82,8 @@ def grouped_step(ensemble, token_ids, index, cache, encoder_padding_mask):
         return None
     import torch
 
+    from keras_transformer.decoding.ensemble import probabilities_of
+
     parts = ensemble.split_cache(cache)
     probabilities, new_parts = [None] * len(parts), list(parts)
     tokens = torch.as_tensor(np.asarray(token_ids)[:, 0], dtype=torch.int64)
@@ -91,7 +93,7 @@ def grouped_step(ensemble, token_ids, index, cache, encoder_padding_mask):
             logits, new_parts[member] = ensemble.models[member].call_decoder_with_cache(
                 token_ids, index, parts[member], encoder_padding_mask
             )
-            probabilities[member] = torch.softmax(logits.float(), dim=-1)
+            probabilities[member] = probabilities_of(logits)
             continue
         group_probabilities, group_caches = _group_step(
             weights, tokens, index, [parts[m] for m in members], encoder_padding_mask
@@ -108,7 +110,7 @@ class _GroupWeights:
     LayerNorm's scale and offset `(models, 1, d_model)`, and the
     embeddings transposed, `(models, d_model, vocabulary)`."""
 
-    def __init__(self, models, plans):
+    def __init__(self, models):
         import torch
 
         first = models[0].backbone
@@ -122,10 +124,7 @@ class _GroupWeights:
             self.embeddings = torch.stack(
                 [model.backbone.token_embedding.embeddings.value.detach().t() for model in models]
             ).contiguous()
-            self.layers = []
-            for per_model in zip(*(plan[2] for plan in plans)):
-                layers = [layer for layer, _ in per_model]
-                self.layers.append(_stacked_layer(layers))
+            self.layers = [_stacked_layer(layers) for layers in zip(*(m.backbone.decoder_layers for m in models))]
             norms = [model.backbone.decoder_norm for model in models]
             self.final_norm = None if norms[0] is None else _stacked_norm(norms)
 
@@ -181,8 +180,7 @@ def _groups(ensemble, plans):
     if all(len(members) == 1 for members in groups.values()):
         return None
     return [
-        (members, None if len(members) == 1 else _GroupWeights([ensemble.models[i] for i in members],
-                                                               [plans[i] for i in members]))
+        (members, None if len(members) == 1 else _GroupWeights([ensemble.models[i] for i in members]))
         for members in groups.values()
     ]
 
@@ -241,7 +239,7 @@ def _group_step(weights, tokens, index, caches, encoder_padding_mask):
         x = x * weights.scale
     x = x + sinusoid_table(weights.position, index + 1, x)[index]
     new_caches = [[] for _ in range(models)]
-    for layer, (layer_weights, entries) in enumerate(zip(weights.layers, zip(*caches))):
+    for layer_weights, entries in zip(weights.layers, zip(*caches)):
         self_caches, cross_caches = [e[0] for e in entries], [e[1] for e in entries]
         x, keys, values = _group_layer(weights, layer_weights, x, index, self_caches, cross_caches,
                                        encoder_padding_mask)
