@@ -490,6 +490,33 @@ def test_prepacked_bfloat16_products_follow_the_weights():
 
 
 @only_torch
+@pytest.mark.parametrize("rows", [1, 4, 64])
+def test_prepacked_bfloat16_products_of_any_rows_are_their_rounded_products(rows):
+    """A prepacked bfloat16 product, whether oneDNN's (many rows) or the
+    float32 product of the same values (a few rows, small matrices), is
+    the exact product of its bfloat16 inputs and weights, plus the bias,
+    rounded to bfloat16: within a bfloat16 rounding of NumPy's float64."""
+    import torch
+
+    from keras_transformer.layers import direct_calls as module
+
+    generator = torch.Generator().manual_seed(rows)
+    weight = torch.randn(384, 128, generator=generator).bfloat16()
+    bias = torch.randn(384, generator=generator).bfloat16()
+    product = module.prepacked_product(weight)
+    if product is None:
+        pytest.skip("this CPU has no bfloat16 matrix units that oneDNN uses")
+    x = torch.randn(rows, 1, 128, generator=generator).bfloat16()
+    # (1 and 4 rows take the float32 product, 64 rows oneDNN's.)
+    assert (x.numel() * 384 <= module._FLOAT32_PRODUCT) == (rows < 64)
+    with torch.no_grad():
+        outputs = product(x, bias)
+    assert outputs.dtype == torch.bfloat16 and tuple(outputs.shape) == (rows, 1, 384)
+    expected = x.double().numpy() @ weight.double().numpy().T + bias.double().numpy()
+    np.testing.assert_allclose(outputs.double().numpy(), expected, rtol=2**-8, atol=1e-6)
+
+
+@only_torch
 def test_sinusoidal_rows_from_the_kept_table_are_the_layers_positions():
     """Within `direct_calls()` the sinusoidal encoding reads its rows from a
     table computed once (and grown past its length): the rows of keras-hub's
