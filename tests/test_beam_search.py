@@ -388,19 +388,22 @@ def _candidates_in_numpy(logits, log_probs, never_output):
 
 
 @pytest.mark.parametrize(
-    "beams,vocabulary,count,ties",
-    # 8,000 tokens: PyTorch ranks chunks of them first (`rules._top_k_of_many`).
-    [(4, 50, 8, False), (4, 12, 8, True), (3, 5, 6, True), (1, 9, 2, False), (4, 8000, 8, False), (2, 8000, 4, True)],
+    "beams,vocabulary,count,ties,batch",
+    # 8,000 tokens: ranked in chunks (`rules._top_k_of_many`; on PyTorch
+    # from 64 rows).
+    [
+        (4, 50, 8, False, 3), (4, 12, 8, True, 3), (3, 5, 6, True, 3), (1, 9, 2, False, 3),
+        (4, 8000, 8, False, 3), (2, 8000, 4, True, 3), (4, 8000, 8, False, 16), (4, 8000, 8, True, 17),
+    ],
 )
-def test_best_extensions_rank_every_extension(beams, vocabulary, count, ties):
+def test_best_extensions_rank_every_extension(beams, vocabulary, count, ties, batch):
     """Ranking each beam's tokens first gives the values and the order (ties
     included) of ranking all `beams * vocabulary_size` extensions at once."""
     import keras
 
     from keras_transformer.decoding.rules import best_extensions
 
-    rng = np.random.default_rng(beams * vocabulary)
-    batch = 3
+    rng = np.random.default_rng(beams * vocabulary + batch)
     logits = rng.normal(0, 2, (batch * beams, vocabulary)).astype("float32")
     log_probs = -rng.uniform(0, 3, (batch, beams)).astype("float32")
     if ties:

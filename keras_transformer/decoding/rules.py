@@ -241,7 +241,7 @@ def _top_k_of_many(x, k):
     chosen chunks are read in index order); PyTorch's `topk` leaves that
     order open, and so does this. Without a chunk length that divides the
     axis (32 to 128 positions) it is `top_k` itself: padding the axis would
-    copy it.
+    copy it; so it is on PyTorch below `_CHUNKED_FROM_ROWS` rows.
     """
     import keras
 
@@ -253,6 +253,8 @@ def _top_k_of_many(x, k):
         import torch
 
         rows = x.shape[0]
+        if rows < _CHUNKED_FROM_ROWS:
+            return torch.topk(x, k)
         chunks = x.view(rows, size // chunk, chunk)
         _, best_chunks = torch.topk(chunks.amax(-1), k)
         candidates = chunks[torch.arange(rows, device=x.device)[:, None], best_chunks].reshape(rows, k * chunk)
@@ -264,6 +266,14 @@ def _top_k_of_many(x, k):
     candidates = ops.reshape(ops.take_along_axis(chunks, best_chunks[:, :, None], axis=1), (-1, k * chunk))
     values, within = ops.top_k(candidates, k)
     return values, ops.take_along_axis(best_chunks, within // chunk, axis=1) * chunk + within % chunk
+
+
+# Rows from which PyTorch ranks chunks (16 sentences' beams). For fewer,
+# its `topk` over the whole axis is faster than the chunks' four calls
+# (8,000 tokens, 2-core Intel Xeon: 50 against 68 us at 4 rows, 105
+# against 144 at 16, and 81 against 202 at 4 rows with the data out of
+# the caches, as a decoding step leaves them).
+_CHUNKED_FROM_ROWS = 64
 
 
 def _chunk_length(size, k):
