@@ -389,11 +389,12 @@ def _candidates_in_numpy(logits, log_probs, never_output):
 
 @pytest.mark.parametrize(
     "beams,vocabulary,count,ties,batch",
-    # 8,000 tokens: ranked in chunks (`rules._top_k_of_many`; on PyTorch
-    # from 64 rows).
+    # 8,000 tokens: ranked in chunks (`rules._top_k_of_many`, and on
+    # PyTorch `rules._best_in_chunks`); 8,009 (a prime): no chunks.
     [
         (4, 50, 8, False, 3), (4, 12, 8, True, 3), (3, 5, 6, True, 3), (1, 9, 2, False, 3),
-        (4, 8000, 8, False, 3), (2, 8000, 4, True, 3), (4, 8000, 8, False, 16), (4, 8000, 8, True, 17),
+        (4, 8000, 8, False, 3), (2, 8000, 4, True, 3), (1, 8000, 8, False, 3), (4, 8000, 8, False, 64),
+        (4, 8000, 8, True, 17), (4, 8009, 8, True, 3),
     ],
 )
 def test_best_extensions_rank_every_extension(beams, vocabulary, count, ties, batch):
@@ -414,6 +415,7 @@ def test_best_extensions_rank_every_extension(beams, vocabulary, count, ties, ba
         logits[1] = logits[0]
         log_probs[:, 1] = log_probs[:, 0]
     log_probs[0, -1] = -np.inf  # a beam that is not live
+    logits[:, 0] = logits.max() + 1.0  # a never-output token is each beam's most likely
     never_output = np.zeros(vocabulary, "float32")
     never_output[[0, 2]] = -np.inf
     values, indices = best_extensions(logits, log_probs, never_output, count)
