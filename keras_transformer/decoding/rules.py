@@ -23,6 +23,7 @@ The rules:
 5. **Stopping** (`search_is_over`): see there.
 """
 
+import functools
 import math
 
 import numpy as np
@@ -233,6 +234,7 @@ def _best_in_chunks(token_log_probs, log_probs, count, chunk):
     return values, (picked // per_beam) * vocabulary_size + (picked % per_beam) * chunk + within % chunk
 
 
+@functools.lru_cache(maxsize=64)  # (called at every step with the same few arguments)
 def _source_chunk_length(beams, vocabulary_size, count):
     """The chunk length of `_best_in_chunks`: the divisor of
     `vocabulary_size` from 32 to 320 tokens nearest 160, with at least
