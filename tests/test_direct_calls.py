@@ -689,9 +689,9 @@ def test_int8_layers_multiply_as_int8_with_keras_results():
     original = module.int8_product
 
     def counting(kind):
-        def count(*args):
+        def count(*args, **kwargs):
             products[kind].append(tuple(args[3].shape))
-            return original(*args)
+            return original(*args, **kwargs)
 
         return count
 
@@ -712,6 +712,36 @@ def test_int8_layers_multiply_as_int8_with_keras_results():
     assert len(products["decoding step"]) == 3 * 2 * 6
     assert products["decoding step"].count((d_model, 3 * d_model)) == 3 * 2
     assert sum(shape == (d_model, VOCABULARY) for shape in products["layers"]) == 3
+
+
+@pytest.mark.skipif(keras.config.backend() != "torch", reason="the int8 products of direct calls are PyTorch's")
+def test_int8_products_of_a_few_rows_in_float32_are_the_integer_products():
+    """Keras' int8 product of a few rows computed in float32 from the
+    kernel's values (`int8_product(..., float_kernel=...)`) is the exact
+    integer product, bit for bit, up to the largest input size it is used
+    for, where every partial sum is largest (inputs and kernel at +-127)."""
+    import torch
+
+    from keras_transformer.layers import direct_calls as module
+
+    quantizer = keras.quantizers.AbsMaxQuantizer(axis=-1)
+    inputs, outputs = module._EXACT_INT8_INPUTS, 8
+    generator = torch.Generator().manual_seed(0)
+    signs = torch.randint(0, 2, (inputs, outputs), generator=generator) * 2 - 1
+    kernel = torch.randint(-127, 128, (inputs, outputs), generator=generator).to(torch.int8)
+    kernel[:, 0] = (127 * signs[:, 0]).to(torch.int8)
+    scale = torch.rand(outputs, generator=generator) + 0.5
+    x = torch.randn(3, 1, inputs, generator=generator)
+    x[:, :, :] = x.abs().amax() * signs[:, 0]  # each row's entries at its extreme, their signs the kernel's
+    assert x.numel() * outputs <= module._FLOAT32_PRODUCT
+    with torch.no_grad():
+        exact = module.int8_product(quantizer, x, 1, kernel, scale, torch.float32)
+        in_float = module.int8_product(quantizer, x, 1, kernel, scale, torch.float32, float_kernel=kernel.float())
+    # Column 0 sums products of 127 x 127, all positive: 16,774,160 at
+    # 1,040 inputs (2**24 is 16,777,216).
+    row_scale = 127 / (float(x.abs().amax()) + quantizer.epsilon)
+    assert float(exact[0, 0, 0]) * row_scale * float(scale[0]) == pytest.approx(inputs * 127**2, rel=1e-5)
+    np.testing.assert_array_equal(in_float.numpy(), exact.numpy())
 
 
 @pytest.mark.parametrize("rate", [0.1, 0.3])
