@@ -715,11 +715,13 @@ def test_int8_layers_multiply_as_int8_with_keras_results():
 
 
 @pytest.mark.skipif(keras.config.backend() != "torch", reason="the int8 products of direct calls are PyTorch's")
-def test_int8_products_of_a_few_rows_in_float32_are_the_integer_products():
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_int8_products_of_a_few_rows_in_float32_are_the_integer_products(dtype):
     """Keras' int8 product of a few rows computed in float32 from the
     kernel's values (`int8_product(..., float_kernel=...)`) is the exact
     integer product, bit for bit, up to the largest input size it is used
-    for, where every partial sum is largest (inputs and kernel at +-127)."""
+    for, where every partial sum is largest (inputs and kernel at +-127),
+    for float32 and bfloat16 inputs (a bfloat16 model quantized to int8)."""
     import torch
 
     from keras_transformer.layers import direct_calls as module
@@ -733,15 +735,18 @@ def test_int8_products_of_a_few_rows_in_float32_are_the_integer_products():
     scale = torch.rand(outputs, generator=generator) + 0.5
     x = torch.randn(3, 1, inputs, generator=generator)
     x[:, :, :] = x.abs().amax() * signs[:, 0]  # each row's entries at its extreme, their signs the kernel's
+    x = x.to(getattr(torch, dtype))
     assert x.numel() * outputs <= module._FLOAT32_PRODUCT
     with torch.no_grad():
-        exact = module.int8_product(quantizer, x, 1, kernel, scale, torch.float32)
-        in_float = module.int8_product(quantizer, x, 1, kernel, scale, torch.float32, float_kernel=kernel.float())
+        exact = module.int8_product(quantizer, x, 1, kernel, scale, x.dtype)
+        in_float = module.int8_product(quantizer, x, 1, kernel, scale, x.dtype, float_kernel=kernel.float())
+    assert in_float.dtype == x.dtype
     # Column 0 sums products of 127 x 127, all positive: 16,774,160 at
     # 1,040 inputs (2**24 is 16,777,216).
     row_scale = 127 / (float(x.abs().amax()) + quantizer.epsilon)
-    assert float(exact[0, 0, 0]) * row_scale * float(scale[0]) == pytest.approx(inputs * 127**2, rel=1e-5)
-    np.testing.assert_array_equal(in_float.numpy(), exact.numpy())
+    rounding = 2**-8 if dtype == "bfloat16" else 1e-5  # (bfloat16 outputs keep 8 bits)
+    assert float(exact[0, 0, 0]) * row_scale * float(scale[0]) == pytest.approx(inputs * 127**2, rel=rounding)
+    np.testing.assert_array_equal(in_float.float().numpy(), exact.float().numpy())
 
 
 @pytest.mark.parametrize("rate", [0.1, 0.3])

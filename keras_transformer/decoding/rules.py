@@ -118,8 +118,9 @@ def best_extensions(logits, log_probs, never_output, count):
     projection's matrix product (float32, 2-core CPU). The never-output
     tokens are dropped after that ranking (each beam ranks as many more
     tokens as there are never-output tokens). PyTorch ranks a source's
-    chunks of tokens at once instead (`_torch_best_extensions`). The values are those of
-    ranking all `beams * vocabulary_size` extensions at once, and so is the
+    chunks of tokens at once instead (`_torch_best_extensions`). The
+    values are those of ranking all `beams * vocabulary_size` extensions
+    at once, and so is the
     order of ties (lower beam, then lower token first) where the backend's
     `top_k` keeps lower indices first, as JAX's and TensorFlow's do.
 

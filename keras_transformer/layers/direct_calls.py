@@ -322,7 +322,7 @@ def int8_product(quantizer, inputs, contracted, kernel, kernel_scale, dtype, flo
     scale = torch.div(high, rows.abs().amax(-1, keepdim=True).add_(quantizer.epsilon)).to(rows.dtype)
     quantized = (rows * scale).round_().clamp_(low, high)
     if float_kernel is not None and quantized.numel() * kernel.shape[1] <= _FLOAT32_PRODUCT:
-        outputs = torch.matmul(quantized, float_kernel).to(dtype)
+        outputs = torch.matmul(quantized.float(), float_kernel).to(dtype)  # (integers: exact in any float)
         return outputs.div_(scale * kernel_scale).view(*kept, -1)
     quantized = quantized.to(torch.int8)
     if quantized.device.type == "cpu":
