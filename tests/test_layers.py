@@ -208,3 +208,40 @@ def test_symbolic_decoder_layer_without_the_encoder_output_is_refused():
     layer = layers.TransformerDecoderLayer(num_heads=2, d_ff=16)
     with pytest.raises(ValueError, match="needs the encoder output"):
         layer(keras.KerasTensor((2, 5, 8)))
+
+
+def test_projections_that_share_an_initializer_start_independent():
+    """A decoder layer hands one `kernel_initializer` to its attention
+    layers and feed-forward network; every projection still starts from
+    values of its own (Keras' random initializers repeat their values
+    instance by instance): no two matrices of a layer are equal, or
+    correlated beyond chance. The same global seed gives the same layer
+    again."""
+
+    def kernels(layer):
+        matrices = {}
+        for name in ("self_attention", "cross_attention"):
+            attention = getattr(layer, name)
+            for part in ("query_dense", "key_dense", "value_dense", "output_dense"):
+                matrices[f"{name}.{part}"] = to_numpy(getattr(attention, part).kernel).reshape(-1)
+        matrices["inner"] = to_numpy(layer.feed_forward.inner_dense.kernel).reshape(-1)
+        matrices["output"] = to_numpy(layer.feed_forward.output_dense.kernel).reshape(-1)
+        return matrices
+
+    def built(seed):
+        keras.utils.set_random_seed(seed)
+        layer = layers.TransformerDecoderLayer(d_ff=64, num_heads=4)
+        layer(keras.ops.zeros((1, 3, 32)), keras.ops.zeros((1, 5, 32)))
+        return kernels(layer)
+
+    matrices = built(7)
+    names = sorted(matrices)
+    for i, first in enumerate(names):
+        for second in names[i + 1 :]:
+            a, b = matrices[first], matrices[second]
+            if a.size == b.size:
+                # 1,024 or 2,048 independent entries: a correlation of 0.2 is
+                # over six standard deviations.
+                assert abs(np.corrcoef(a, b)[0, 1]) < 0.2, (first, second)
+    again = built(7)
+    assert all(np.array_equal(matrices[name], again[name]) for name in names)
