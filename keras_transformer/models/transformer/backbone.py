@@ -13,6 +13,7 @@ from keras_transformer.layers.embedding import SharedTokenEmbedding
 from keras_transformer.layers.encoder import TransformerEncoderLayer
 from keras_transformer.layers.position import LearnedPositionEmbedding
 from keras_transformer.layers.position import SinusoidalPositionEncoding
+from keras_transformer.layers.torch_decoding_step import cross_attention_cache
 from keras_transformer.layers.torch_decoding_step import decoder_step
 from keras_transformer.presets import PresetIO
 from keras_transformer.presets import int8
@@ -334,6 +335,9 @@ class TransformerBackbone(PresetIO, keras_hub.models.Backbone):
         """The encoder output's keys and values for the encoder-decoder
         attention of every decoder layer: computed once per source, read
         at every decoding step. A list of `(key_heads, value_heads)`."""
+        caches = cross_attention_cache(self, encoder_output)  # (PyTorch, within a search; else None)
+        if caches is not None:
+            return caches
         return [layer.cross_attention.project_key_value(encoder_output) for layer in self.decoder_layers]
 
     def empty_self_attention_cache(self, batch_size, max_length):
