@@ -34,6 +34,14 @@ def _model(variant):
         **overrides,
     )
     model = TransformerSeq2SeqLM(backbone)
+    # Every matrix its own values, of its scale: a layer's projections start
+    # as one matrix (docs/paper_map.md), where keys and values swapped, say,
+    # would give the same logits.
+    rng = np.random.default_rng(0)
+    model.set_weights(
+        [rng.normal(0, float(np.std(w)) or 0.1, w.shape).astype(w.dtype) if w.ndim >= 2 else w
+         for w in model.get_weights()]
+    )
     if variant in ("int8", "int4"):
         model.quantize(variant)
     if variant == "int8_partial":

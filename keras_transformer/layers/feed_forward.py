@@ -9,7 +9,6 @@ from keras_transformer.layers.direct_calls import Dense
 from keras_transformer.layers.direct_calls import DirectCall
 from keras_transformer.layers.direct_calls import Dropout
 from keras_transformer.layers.dropout import apply_dropout
-from keras_transformer.layers.initializers import independent
 
 
 @keras.saving.register_keras_serializable(package="keras_transformer")
@@ -60,17 +59,16 @@ class PositionwiseFeedForward(DirectCall, keras.layers.Layer):
 
     def build(self, input_shape):
         d_model = input_shape[-1]
-        # (Each matrix its own initializer instance: see `initializers`.)
-        dense = lambda: dict(  # noqa: E731
-            kernel_initializer=independent(self.kernel_initializer),
-            bias_initializer=independent(self.bias_initializer),
+        dense = dict(
+            kernel_initializer=self.kernel_initializer,
+            bias_initializer=self.bias_initializer,
             dtype=self.dtype_policy,
         )
         self.inner_dense = Dense(
-            self.d_ff, activation=self.activation, name="inner", **dense()
+            self.d_ff, activation=self.activation, name="inner", **dense
         )
         self.inner_dropout = Dropout(self.dropout, dtype=self.dtype_policy)
-        self.output_dense = Dense(d_model, name="output", **dense())
+        self.output_dense = Dense(d_model, name="output", **dense)
         self.inner_dense.build(input_shape)
         self.output_dense.build(tuple(input_shape[:-1]) + (self.d_ff,))
 
