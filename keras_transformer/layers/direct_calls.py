@@ -322,14 +322,12 @@ def int8_product(quantizer, inputs, contracted, kernel, kernel_scale, dtype, flo
     scale = torch.div(high, rows.abs().amax(-1, keepdim=True).add_(quantizer.epsilon)).to(rows.dtype)
     quantized = (rows * scale).round_().clamp_(low, high)
     if float_kernel is not None and quantized.numel() * kernel.shape[1] <= _FLOAT32_PRODUCT:
-        outputs = torch.matmul(quantized.float(), float_kernel).to(dtype)  # (integers: exact in any float)
-        return outputs.div_(scale * kernel_scale).view(*kept, -1)
-    quantized = quantized.to(torch.int8)
-    if quantized.device.type == "cpu":
-        outputs = torch._int_mm(quantized, kernel).to(dtype)
+        outputs = torch.matmul(quantized.float(), float_kernel)  # (integers: exact in any float)
+    elif quantized.device.type == "cpu":
+        outputs = torch._int_mm(quantized.to(torch.int8), kernel)
     else:  # Keras' own product: `_int_mm` only where CUDA's shape rules allow
-        outputs = keras.ops.matmul(quantized, kernel).to(dtype)
-    return outputs.div_(scale * kernel_scale).view(*kept, -1)
+        outputs = keras.ops.matmul(quantized.to(torch.int8), kernel)
+    return outputs.to(dtype).div_(scale * kernel_scale).view(*kept, -1)
 
 
 def prepacked_product(weight):
