@@ -762,7 +762,8 @@ def test_int8_products_of_a_few_rows_in_float32_are_the_integer_products(dtype):
     assert x.numel() * outputs <= module._FLOAT32_PRODUCT
     with torch.no_grad():
         exact = module.int8_product(quantizer, x, 1, kernel, scale, x.dtype)
-        in_float = module.int8_product(quantizer, x, 1, kernel, scale, x.dtype, float_kernel=kernel.float())
+        float_kernel = module.exact_float_kernel(kernel)  # (the largest kernel it is made for)
+        in_float = module.int8_product(quantizer, x, 1, kernel, scale, x.dtype, float_kernel=float_kernel)
     assert in_float.dtype == x.dtype
     # Column 0 sums products of 127 x 127, all positive: 16,774,160 at
     # 1,040 inputs (2**24 is 16,777,216).

@@ -303,8 +303,8 @@ def int8_product(quantizer, inputs, contracted, kernel, kernel_scale, dtype, flo
     (on CUDA it takes only some, so there Keras' `matmul` chooses). The
     integer product is exact either way, so the result is Keras'.
 
-    `float_kernel`, the kernel's values in float32 (for a kernel of at most
-    `_EXACT_INT8_INPUTS` rows), makes products of a few rows (up to
+    `float_kernel`, the kernel's values in float32 (`exact_float_kernel`),
+    makes products of a few rows (up to
     `_FLOAT32_PRODUCT` multiplications) float32 products of the quantized
     inputs' values: at most 1,040 products of two int8 values sum to less
     than 2**24 in magnitude, so float32 holds every partial sum exactly,
@@ -328,6 +328,15 @@ def int8_product(quantizer, inputs, contracted, kernel, kernel_scale, dtype, flo
     else:  # Keras' own product: `_int_mm` only where CUDA's shape rules allow
         outputs = keras.ops.matmul(quantized.to(torch.int8), kernel)
     return outputs.to(dtype).div_(scale * kernel_scale).view(*kept, -1)
+
+
+def exact_float_kernel(kernel):
+    """The float32 values of an int8 `kernel` for `int8_product`'s
+    products of a few rows, or None: a CPU kernel of at most
+    `_EXACT_INT8_INPUTS` rows (where float32 sums the products exactly) and
+    `_FLOAT32_WEIGHTS` entries (a copy four times the kernel's size)."""
+    small = kernel.numel() <= _FLOAT32_WEIGHTS and kernel.shape[0] <= _EXACT_INT8_INPUTS
+    return kernel.float() if small and kernel.device.type == "cpu" else None
 
 
 def prepacked_product(weight):

@@ -44,12 +44,11 @@ import math
 from keras.dtype_policies import DTypePolicyMap
 from keras.src.backend import get_autocast_scope
 
-from keras_transformer.layers.direct_calls import _EXACT_INT8_INPUTS
-from keras_transformer.layers.direct_calls import _FLOAT32_WEIGHTS
 from keras_transformer.layers.direct_calls import _activated
 from keras_transformer.layers.direct_calls import _torch_call_of
 from keras_transformer.layers.direct_calls import _torch_direct
 from keras_transformer.layers.direct_calls import additive_mask
+from keras_transformer.layers.direct_calls import exact_float_kernel
 from keras_transformer.layers.direct_calls import int8_product
 from keras_transformer.layers.direct_calls import prepacked_product
 from keras_transformer.layers.direct_calls import unchanged_scope
@@ -124,9 +123,7 @@ def _joined_product(denses):
         return lambda x: linear(x, weight, bias)
     scale = torch.cat([dense._int8_kernel_scale().reshape(-1) for dense in denses])
     quantizer = denses[0].inputs_quantizer
-    # Small kernels also in float32, for exact products of a few rows.
-    small = kernel.numel() <= _FLOAT32_WEIGHTS and kernel.shape[0] <= _EXACT_INT8_INPUTS
-    float_kernel = kernel.float() if small and kernel.device.type == "cpu" else None
+    float_kernel = exact_float_kernel(kernel)  # (small kernels: for exact products of a few rows)
 
     def product(x):
         outputs = int8_product(quantizer, x, 1, kernel, scale, x.dtype, float_kernel=float_kernel)
