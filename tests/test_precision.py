@@ -65,7 +65,9 @@ def test_bfloat16_model_computes_in_bfloat16_and_translates_like_float32():
 
 
 @once
-@pytest.mark.parametrize("flags", [["--quantize", "int8"], ["--dtype", "bfloat16"]])
+@pytest.mark.parametrize(
+    "flags", [["--quantize", "int8"], ["--dtype", "bfloat16"], ["--dtype", "bfloat16", "--quantize", "int8"]]
+)
 def test_translate_command_takes_precision_flags(flags, capsys):
     cli.main(["translate", *flags, "A man is riding a bicycle."])
     assert capsys.readouterr().out == "Ein Mann fährt Fahrrad.\n"
