@@ -154,4 +154,10 @@ class Adam(keras.optimizers.Adam):
             amsgrad=False,
             maximize=False,
         )
+        # The kernel writes the weights in place without counting the
+        # writes (`Tensor._version`), which PyTorch's own in-place calls
+        # count: decoding's copies of weights (`direct_calls`) are made
+        # again when a weight's count changes, and after training they
+        # would otherwise go on reading the weights as they were.
+        torch.autograd.graph.increment_version(weights)
         return True

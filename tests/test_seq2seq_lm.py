@@ -278,3 +278,29 @@ def test_generate_text(small_tokenizer):
     model.preprocessor = None
     with pytest.raises(ValueError, match="no preprocessor"):
         model.generate(["Ein Hund."])
+
+
+def test_translations_after_training_read_the_trained_weights(small_tokenizer, multi30k_train):
+    """Translate, train, translate again: the second translation is a fresh
+    model's with the trained weights, scores included. Decoding keeps
+    copies of some weights between calls (PyTorch's joined projections, a
+    transposed output projection), made again when a weight changes, which
+    PyTorch's fused Adam update must count as a change."""
+    sources, targets = multi30k_train
+    model = tiny_model(small_tokenizer)
+    model.compile(warmup_steps=10)
+    settings = dict(return_scores=True, max_length_offset=10)
+
+    def translate(model, sampler):  # [(text, score)], one a source
+        return [results[0] for results in model.generate(sources[:8], sampler=sampler, **settings)]
+
+    before = translate(model, "greedy")  # (decoding's copies made)
+    model.fit({"encoder_text": sources[:128], "decoder_text": targets[:128]}, batch_size=32, epochs=2, verbose=0)
+    fresh = tiny_model(small_tokenizer)
+    fresh.backbone.set_weights(model.backbone.get_weights())
+    for sampler in ("greedy", "beam"):
+        expected, found = translate(fresh, sampler), translate(model, sampler)
+        assert [text for text, _ in found] == [text for text, _ in expected]
+        np.testing.assert_allclose([score for _, score in found], [score for _, score in expected], rtol=1e-4)
+    # (The weights did change.)
+    assert not np.allclose([score for _, score in before], [score for _, score in translate(fresh, "greedy")])
