@@ -280,14 +280,16 @@ def test_generate_text(small_tokenizer):
         model.generate(["Ein Hund."])
 
 
-def test_translations_after_training_read_the_trained_weights(small_tokenizer, multi30k_train):
+def test_translations_after_training_read_the_trained_weights(multi30k_train):
     """Translate, train, translate again: the second translation is a fresh
-    model's with the trained weights, scores included. Decoding keeps
-    copies of some weights between calls (PyTorch's joined projections, a
-    transposed output projection), made again when a weight changes, which
-    PyTorch's fused Adam update must count as a change."""
+    model's with the trained weights, scores included, and so is the
+    validation loss. Decoding and evaluation keep copies of some weights
+    between calls (PyTorch's joined projections, a transposed output
+    projection), made again when a weight changes, which PyTorch's fused
+    Adam update must count as a change."""
     sources, targets = multi30k_train
-    model = tiny_model(small_tokenizer)
+    preset = "transformer_multi30k_en_de"
+    model = TransformerSeq2SeqLM.from_preset(preset, load_ensemble=False)
     model.compile(warmup_steps=10)
     settings = dict(return_scores=True, max_length_offset=10)
 
@@ -295,8 +297,9 @@ def test_translations_after_training_read_the_trained_weights(small_tokenizer, m
         return [results[0] for results in model.generate(sources[:8], sampler=sampler, **settings)]
 
     before = translate(model, "greedy")  # (decoding's copies made)
-    model.fit({"encoder_text": sources[:128], "decoder_text": targets[:128]}, batch_size=32, epochs=2, verbose=0)
-    fresh = tiny_model(small_tokenizer)
+    model.fit({"encoder_text": sources[:96], "decoder_text": targets[:96]}, batch_size=32, epochs=1, verbose=0)
+    fresh = TransformerSeq2SeqLM.from_preset(preset, load_ensemble=False)
+    fresh.compile(warmup_steps=10)
     fresh.backbone.set_weights(model.backbone.get_weights())
     for sampler in ("greedy", "beam"):
         expected, found = translate(fresh, sampler), translate(model, sampler)
@@ -304,3 +307,9 @@ def test_translations_after_training_read_the_trained_weights(small_tokenizer, m
         np.testing.assert_allclose([score for _, score in found], [score for _, score in expected], rtol=1e-4)
     # (The weights did change.)
     assert not np.allclose([score for _, score in before], [score for _, score in translate(fresh, "greedy")])
+    # The validation loss too (PyTorch's evaluation encodes as a translation does).
+    validation = {"encoder_text": sources[96:160], "decoder_text": targets[96:160]}
+    np.testing.assert_allclose(
+        model.evaluate(validation, batch_size=32, verbose=0), fresh.evaluate(validation, batch_size=32, verbose=0),
+        rtol=1e-5,
+    )
