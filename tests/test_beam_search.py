@@ -198,7 +198,7 @@ def test_the_search_in_one_loop_equals_the_host_search(kind):
     """`loop.search_loop` (one compiled loop; the SavedModel's search) and
     the host loop follow the same rules: same outputs, the same scores to
     float32's precision, for sources that end early and at their budget."""
-    model = tiny_model(seed=9)
+    model = tiny_model(seed=21)  # (a model whose hypotheses end both ways, on every backend)
     sources = [[START, 4, END], [START, 5, 4, 4, 5, 1, 4, END], [], [START, 1, 5, END]]
     sources += [[START] + [4 + (i * j) % 2 for j in range(i)] + [END] for i in range(1, 7)]
     settings = dict(beam_size=3, num_results=2, max_length_offset=5, length_penalty=kind)

@@ -1,11 +1,14 @@
 """Feed-forward (3.3), embeddings (3.4), positions (3.5), encoder and
 decoder layers (3.1): formulas, configs and saving."""
 
+import itertools
+
 import keras
 import numpy as np
 import pytest
 
 from keras_transformer import layers
+from keras_transformer.models import TransformerBackbone
 
 from helpers import assert_config_round_trip
 from helpers import to_numpy
@@ -208,3 +211,24 @@ def test_symbolic_decoder_layer_without_the_encoder_output_is_refused():
     layer = layers.TransformerDecoderLayer(num_heads=2, d_ff=16)
     with pytest.raises(ValueError, match="needs the encoder output"):
         layer(keras.KerasTensor((2, 5, 8)))
+
+
+def test_every_projection_starts_from_values_of_its_own():
+    """W^Q, W^K, W^V, W^O of each attention layer and W_1, W_2 of each
+    feed-forward network draw their initial values each on its own (one
+    Keras initializer instance repeats its values), the same again under
+    the same seed."""
+
+    def kernels():
+        keras.utils.set_random_seed(7)
+        backbone = TransformerBackbone(100, num_layers=1, d_model=64, d_ff=128, num_heads=4, max_sequence_length=16)
+        return {w.path: to_numpy(w.value).ravel() for w in backbone.weights if w.path.endswith("kernel")}
+
+    first = kernels()
+    assert len(first) == 16  # encoder: 4 + 2; decoder: 4 + 4 + 2
+    for a, b in itertools.combinations(sorted(first), 2):
+        size = min(first[a].size, first[b].size)
+        correlation = np.corrcoef(first[a][:size], first[b][:size])[0, 1]
+        assert abs(correlation) < 0.1, (a, b, correlation)
+    second = kernels()
+    assert all(np.array_equal(first[path], second[path]) for path in first)

@@ -19,6 +19,7 @@ from keras_transformer.layers.direct_calls import Dropout
 from keras_transformer.layers.direct_calls import EinsumDense
 from keras_transformer.layers.direct_calls import dot_product_attention
 from keras_transformer.layers.direct_calls import write_cache
+from keras_transformer.layers.initializers import independent
 
 
 # Caches hold keys and values head-major, `(batch, heads, positions, d)`:
@@ -213,8 +214,8 @@ class MultiHeadAttention(DirectCall, keras.layers.Layer):
             equation,
             output_shape=output_shape,
             bias_axes=bias_axes if self.use_bias else None,
-            kernel_initializer=self.kernel_initializer,
-            bias_initializer=self.bias_initializer,
+            kernel_initializer=independent(self.kernel_initializer),
+            bias_initializer=independent(self.bias_initializer),
             dtype=self.dtype_policy,
             name=name,
         )

@@ -9,6 +9,7 @@ from keras_transformer.layers.direct_calls import Dense
 from keras_transformer.layers.direct_calls import DirectCall
 from keras_transformer.layers.direct_calls import Dropout
 from keras_transformer.layers.dropout import apply_dropout
+from keras_transformer.layers.initializers import independent
 
 
 @keras.saving.register_keras_serializable(package="keras_transformer")
@@ -59,18 +60,19 @@ class PositionwiseFeedForward(DirectCall, keras.layers.Layer):
 
     def build(self, input_shape):
         d_model = input_shape[-1]
-        dense = dict(
-            kernel_initializer=self.kernel_initializer,
-            bias_initializer=self.bias_initializer,
-            dtype=self.dtype_policy,
-        )
-        self.inner_dense = Dense(
-            self.d_ff, activation=self.activation, name="inner", **dense
-        )
+        self.inner_dense = Dense(self.d_ff, activation=self.activation, name="inner", **self._weights())
         self.inner_dropout = Dropout(self.dropout, dtype=self.dtype_policy)
-        self.output_dense = Dense(d_model, name="output", **dense)
+        self.output_dense = Dense(d_model, name="output", **self._weights())
         self.inner_dense.build(input_shape)
         self.output_dense.build(tuple(input_shape[:-1]) + (self.d_ff,))
+
+    def _weights(self):
+        # W_1 and W_2 draw their values each on its own (`initializers.independent`).
+        return dict(
+            kernel_initializer=independent(self.kernel_initializer),
+            bias_initializer=independent(self.bias_initializer),
+            dtype=self.dtype_policy,
+        )
 
     def call(self, inputs, training=None):
         hidden = apply_dropout(self.inner_dropout, self.inner_dense(inputs), training)
