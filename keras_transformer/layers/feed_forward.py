@@ -60,13 +60,13 @@ class PositionwiseFeedForward(DirectCall, keras.layers.Layer):
 
     def build(self, input_shape):
         d_model = input_shape[-1]
-        self.inner_dense = Dense(self.d_ff, activation=self.activation, name="inner", **self._weights())
+        self.inner_dense = Dense(self.d_ff, activation=self.activation, name="inner", **self._dense_arguments())
         self.inner_dropout = Dropout(self.dropout, dtype=self.dtype_policy)
-        self.output_dense = Dense(d_model, name="output", **self._weights())
+        self.output_dense = Dense(d_model, name="output", **self._dense_arguments())
         self.inner_dense.build(input_shape)
         self.output_dense.build(tuple(input_shape[:-1]) + (self.d_ff,))
 
-    def _weights(self):
+    def _dense_arguments(self):
         # W_1 and W_2 draw their values each on its own (`initializers.independent`).
         return dict(
             kernel_initializer=independent(self.kernel_initializer),
