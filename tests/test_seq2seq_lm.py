@@ -301,12 +301,13 @@ def test_translations_after_training_read_the_trained_weights(multi30k_train):
     fresh = TransformerSeq2SeqLM.from_preset(preset, load_ensemble=False)
     fresh.compile(warmup_steps=10)
     fresh.backbone.set_weights(model.backbone.get_weights())
-    for sampler in ("greedy", "beam"):
-        expected, found = translate(fresh, sampler), translate(model, sampler)
-        assert [text for text, _ in found] == [text for text, _ in expected]
-        np.testing.assert_allclose([score for _, score in found], [score for _, score in expected], rtol=1e-4)
+    expected = {sampler: translate(fresh, sampler) for sampler in ("greedy", "beam")}
+    for sampler, wanted in expected.items():
+        found = translate(model, sampler)
+        assert [text for text, _ in found] == [text for text, _ in wanted]
+        np.testing.assert_allclose([score for _, score in found], [score for _, score in wanted], rtol=1e-4)
     # (The weights did change.)
-    assert not np.allclose([score for _, score in before], [score for _, score in translate(fresh, "greedy")])
+    assert not np.allclose([score for _, score in before], [score for _, score in expected["greedy"]])
     # The validation loss too (PyTorch's evaluation encodes as a translation does).
     validation = {"encoder_text": sources[96:160], "decoder_text": targets[96:160]}
     np.testing.assert_allclose(
