@@ -136,8 +136,8 @@ def test_config_round_trip():
 
 @pytest.mark.parametrize("key_dim,value_dim,dropout", [(None, None, 0.0), (4, 12, 0.0), (None, None, 0.5)])
 def test_mixed_precision_attends_in_float32(key_dim, value_dim, dropout, monkeypatch):
-    """Under mixed_bfloat16 equation (1) runs in float32 on JAX (fused or
-    not, with attention dropout too); on TensorFlow and PyTorch's CPU its
+    """Under mixed_bfloat16 equation (1) runs in float32 on JAX and
+    PyTorch's GPUs (fused or not, with attention dropout too); on TensorFlow and PyTorch's CPU its
     products run in bfloat16 and its softmax in float32, not fused. Either
     way the layer returns bfloat16 like its projections, and equals the
     float32 layer to bfloat16's precision; a bfloat16 layer attends in
@@ -156,7 +156,12 @@ def test_mixed_precision_attends_in_float32(key_dim, value_dim, dropout, monkeyp
     reference = MultiHeadAttention(num_heads=4, key_dim=key_dim, value_dim=value_dim)
     reference(query, query)
     random_bias(reference)
-    mixed_in = "float32" if keras.config.backend() == "jax" else "bfloat16"
+    from keras_transformer.layers.attention import _products_in_compute_dtype
+
+    # In bfloat16 on TensorFlow and PyTorch's CPU; in float32 on JAX and
+    # PyTorch's GPUs (the fused kernel).
+    on_device = keras.ops.convert_to_tensor(query)
+    mixed_in = "bfloat16" if _products_in_compute_dtype(on_device) else "float32"
     for policy, attends_in in [("mixed_bfloat16", mixed_in), ("bfloat16", "bfloat16")]:
         layer = MultiHeadAttention(num_heads=4, key_dim=key_dim, value_dim=value_dim, dropout=dropout, dtype=policy)
         layer(query, query)

@@ -227,7 +227,9 @@ def test_weights_load_under_another_backend(tmp_path):
     np.savez(tmp_path / "inputs.npz", **inputs)
     for other in [_NEXT_BACKEND[keras.config.backend()]]:
         out = tmp_path / f"{other}.npy"
-        env = {**os.environ, "KERAS_BACKEND": other, "TF_CPP_MIN_LOG_LEVEL": "3"}
+        # (JAX multiplies float32 matrices on a GPU in TensorFloat-32 unless told.)
+        env = {**os.environ, "KERAS_BACKEND": other, "TF_CPP_MIN_LOG_LEVEL": "3",
+               "JAX_DEFAULT_MATMUL_PRECISION": "highest"}
         subprocess.run(
             [sys.executable, "-c", _OTHER_BACKEND_SCRIPT, str(tmp_path / "config.json"),
              str(tmp_path / "model.weights.h5"), str(tmp_path / "inputs.npz"), str(out)],

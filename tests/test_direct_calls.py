@@ -660,8 +660,8 @@ def test_direct_dense_and_layer_norm_compute_numpys(dtype, mixed_kernel, monkeyp
 
 def test_direct_attention_and_row_take_give_keras_results():
     """`direct_calls.dot_product_attention` and `take_rows` give Keras'
-    results, a row with every position masked included (a uniform average,
-    not NaN)."""
+    results, a row with every position masked included (a uniform average
+    on the CPU, zeros on CUDA; not NaN)."""
     from keras_transformer.layers.direct_calls import dot_product_attention
     from keras_transformer.layers.direct_calls import take_rows
 
@@ -677,7 +677,10 @@ def test_direct_attention_and_row_take_give_keras_results():
         direct = to_numpy(dot_product_attention(query, key, value, mask))
         taken = to_numpy(take_rows(value, rows))
     np.testing.assert_allclose(direct, expected, rtol=1e-5, atol=1e-6)
-    np.testing.assert_allclose(direct[1, 2], to_numpy(value)[1].mean(axis=0), rtol=1e-5, atol=1e-6)
+    if getattr(getattr(value, "device", None), "type", "cpu") == "cpu":
+        np.testing.assert_allclose(direct[1, 2], to_numpy(value)[1].mean(axis=0), rtol=1e-5, atol=1e-6)
+    else:  # CUDA's fused kernels give such a row zeros (as Keras' call does: the first check)
+        assert np.isfinite(direct[1, 2]).all()
     np.testing.assert_array_equal(taken, to_numpy(value)[[1, 1, 0]])
 
 

@@ -139,8 +139,10 @@ def beam_search(
         and end tokens. Empty sources give `[]`.
     """
     _check_arguments(beam_size, num_results, alpha, length_penalty)
-    # Lists of ints, whether given as lists, arrays or tensors.
-    sources = [np.asarray(ids, "int32").reshape(-1).tolist() for ids in sources]
+    # Lists of ints, whether given as lists, arrays or tensors (on any
+    # device: NumPy reads only the CPU's).
+    sources = [np.asarray(to_numpy(ids) if ops.is_tensor(ids) else ids, "int32").reshape(-1).tolist()
+               for ids in sources]
     results = [[] for _ in sources]
     rows = [i for i, ids in enumerate(sources) if ids]
     if not rows:

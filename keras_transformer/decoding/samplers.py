@@ -34,7 +34,9 @@ def keras_hub_generate_step(model, inputs, stop_token_ids=None):
     cross_caches = [cross_cache for _, cross_cache in cache]
     # As in beam search, padding and start tokens are never outputs (a
     # large negative number: keras-hub's samplers exponentiate logits).
-    never = np.maximum(never_output_bias(model), -1e9)
+    # (A tensor: a NumPy array after a tensor on a GPU would make NumPy
+    # read the tensor.)
+    never = ops.convert_to_tensor(np.maximum(never_output_bias(model), -1e9))
 
     def next(prompt, self_caches, index):
         # keras-hub's beam sampler runs `num_beams` consecutive rows a

@@ -133,7 +133,7 @@ class TransformerSeq2SeqLMPreprocessor(PresetIO, keras_hub.models.Seq2SeqLMPrepr
     def generate_postprocess(self, outputs):
         """Output token id lists (no start or end token) to strings, all in
         one tokenizer call; `""` for an empty list."""
-        outputs = [np.asarray(ids).reshape(-1).tolist() for ids in outputs]
+        outputs = [_id_list(ids) for ids in outputs]
         texts = [""] * len(outputs)
         kept = [i for i, ids in enumerate(outputs) if ids]
         if kept:
@@ -260,7 +260,15 @@ def token_id_lists(tokenize, texts):
         return tokens.to_list()
     if keras.ops.is_tensor(tokens) or isinstance(tokens, np.ndarray):
         return keras.ops.convert_to_numpy(tokens).tolist()
-    return [np.asarray(ids).reshape(-1).tolist() for ids in tokens]
+    return [_id_list(ids) for ids in tokens]
+
+
+def _id_list(ids):
+    """One sequence of token ids (a list, an array, or a tensor on any
+    device: NumPy reads only the CPU's) as a list of Python ints."""
+    if keras.ops.is_tensor(ids):
+        ids = keras.ops.convert_to_numpy(ids)
+    return np.asarray(ids).reshape(-1).tolist()
 
 
 def _strings(texts):
