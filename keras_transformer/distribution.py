@@ -213,7 +213,15 @@ def data_parallel(devices=None, multi_host=False):
             )
         if world_size > 1 and not dist.is_initialized():
             if torch.cuda.is_available():
-                torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+                local_rank, gpus = int(os.environ.get("LOCAL_RANK", "0")), torch.cuda.device_count()
+                if local_rank >= gpus:
+                    raise ValueError(
+                        f"This process has local rank {local_rank}, but this machine has {gpus} GPU(s): "
+                        f"PyTorch trains with one process a GPU. Launch at most {gpus} a machine "
+                        f"(`torchrun --nproc_per_node {gpus} ...`), or hide the GPUs "
+                        "(CUDA_VISIBLE_DEVICES=) to train on the CPU over gloo."
+                    )
+                torch.cuda.set_device(local_rank)
             dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
         rank = dist.get_rank() if dist.is_initialized() else 0
         return Strategy(backend, world_size, rank, 1)

@@ -31,6 +31,11 @@ def _free_port():
 
 def _run(command, out_dir):
     env = {**os.environ, "KERAS_BACKEND": keras.config.backend(), "TF_CPP_MIN_LOG_LEVEL": "3"}
+    if keras.config.backend() == "torch":
+        import torch
+
+        if torch.cuda.device_count() < 2:  # two processes need two GPUs: over gloo on the CPU
+            env["CUDA_VISIBLE_DEVICES"] = ""
     process = subprocess.run(command + [out_dir], env=env, capture_output=True, text=True, timeout=600)
     assert process.returncode == 0, process.stderr[-4000:]
 
@@ -117,6 +122,25 @@ def test_devices_and_multi_host_together_are_refused(monkeypatch):
 
     with pytest.raises(SystemExit, match="--devices and --multi-host together"):
         cli.main(["train", "--output-dir", "unused", "--devices", "2", "--multi-host"])
+
+
+@pytest.mark.skipif(keras.config.backend() != "torch", reason="PyTorch's processes")
+def test_more_processes_than_gpus_says_how_many_to_launch(monkeypatch):
+    """A torchrun process whose local rank has no GPU of its own is told
+    how many processes to launch, before it joins the group (where it
+    would wait for the others)."""
+    import torch
+    import torch.distributed as dist
+
+    from keras_transformer import distribution
+
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setattr(dist, "init_process_group", lambda *a, **k: pytest.fail("joined the group"))
+    with pytest.raises(ValueError, match=r"local rank 1, but this machine has 1 GPU.*--nproc_per_node 1.*CUDA_VISIBLE_DEVICES"):
+        distribution.data_parallel()
 
 
 def test_tf_multi_worker_processes_count_the_chief():
