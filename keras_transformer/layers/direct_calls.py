@@ -157,6 +157,17 @@ def write_cache(cache, start, update):
     return keras.ops.slice_update(cache, start, update)
 
 
+def write_position(cache, index, update):
+    """`write_cache(cache, [0, 0, index, 0], update)`: one position of a
+    `(rows, heads, length, depth)` cache, written in place where
+    `write_cache` would write it (one `narrow` and one `copy_`, half the
+    time of indexing with slices at a decoding step's sizes)."""
+    if getattr(_state, "in_place", False) and _torch_direct():
+        cache.narrow(2, index, 1).copy_(update)
+        return cache
+    return write_cache(cache, [0, 0, index, 0], update)
+
+
 def _torch_direct():
     return getattr(_state, "active", False) and keras.config.backend() == "torch"
 
