@@ -12,6 +12,7 @@ from typing import Any
 from typing import Protocol
 from typing import runtime_checkable
 
+import keras
 from keras import ops
 
 from keras_transformer.decoding.compiled import compile_for_inference
@@ -216,7 +217,13 @@ def _model_encode(model, encoder_token_ids, encoder_padding_mask):
 def _reordered(cache, parents):
     """The self-attention caches reordered to the beams' `parents` (row
     indices); the cross-attention caches as they are."""
-    parents = ops.convert_to_tensor(parents, "int32")
+    if keras.config.backend() == "torch" and cache:
+        import torch
+
+        # (Keras' conversion took 12.6 us a step against 2.2, one sentence at a time.)
+        parents = torch.as_tensor(parents, dtype=torch.int32, device=cache[0][0][0].device)
+    else:
+        parents = ops.convert_to_tensor(parents, "int32")
     return [((take_rows(keys, parents), take_rows(values, parents)), cross) for (keys, values), cross in cache]
 
 
