@@ -28,6 +28,7 @@ from keras import ops
 
 from keras_transformer.decoding.compiled import compiles_steps
 from keras_transformer.decoding.compiled import compiles_whole_loops
+from keras_transformer.decoding.compiled import id_list
 from keras_transformer.decoding.compiled import to_numpy
 from keras_transformer.decoding.interface import decoding_functions
 from keras_transformer.decoding.interface import search_loop_function
@@ -141,8 +142,7 @@ def beam_search(
     _check_arguments(beam_size, num_results, alpha, length_penalty)
     # Lists of ints, whether given as lists, arrays or tensors (on any
     # device: NumPy reads only the CPU's).
-    sources = [np.asarray(to_numpy(ids) if ops.is_tensor(ids) else ids, "int32").reshape(-1).tolist()
-               for ids in sources]
+    sources = [id_list(ids, "int32") for ids in sources]
     results = [[] for _ in sources]
     rows = [i for i, ids in enumerate(sources) if ids]
     if not rows:

@@ -80,6 +80,13 @@ def to_numpy(x):
     return keras.ops.convert_to_numpy(x)
 
 
+def id_list(ids, dtype=None):
+    """One sequence of token ids (a list, an array, or a tensor on any
+    device: NumPy reads only the CPU's) as a list of Python numbers, cast
+    to `dtype` first where given."""
+    return np.asarray(to_numpy(ids) if keras.ops.is_tensor(ids) else ids, dtype).reshape(-1).tolist()
+
+
 def compile_for_models(template, function):
     """`function(model, *args)` compiled once for every model built as
     `template` is (the same `structure_key`), reading the weights of

@@ -9,6 +9,7 @@ from keras_hub.layers import StartEndPacker
 # converts its outputs for the backend (as its own preprocessors do).
 from keras_hub.src.utils.tensor_utils import preprocessing_function
 
+from keras_transformer.decoding.compiled import id_list
 from keras_transformer.models.transformer.backbone import INPUT_NAMES
 from keras_transformer.models.transformer.backbone import TransformerBackbone
 from keras_transformer.models.transformer.special_tokens import special_token_ids
@@ -133,7 +134,7 @@ class TransformerSeq2SeqLMPreprocessor(PresetIO, keras_hub.models.Seq2SeqLMPrepr
     def generate_postprocess(self, outputs):
         """Output token id lists (no start or end token) to strings, all in
         one tokenizer call; `""` for an empty list."""
-        outputs = [_id_list(ids) for ids in outputs]
+        outputs = [id_list(ids) for ids in outputs]
         texts = [""] * len(outputs)
         kept = [i for i, ids in enumerate(outputs) if ids]
         if kept:
@@ -260,15 +261,7 @@ def token_id_lists(tokenize, texts):
         return tokens.to_list()
     if keras.ops.is_tensor(tokens) or isinstance(tokens, np.ndarray):
         return keras.ops.convert_to_numpy(tokens).tolist()
-    return [_id_list(ids) for ids in tokens]
-
-
-def _id_list(ids):
-    """One sequence of token ids (a list, an array, or a tensor on any
-    device: NumPy reads only the CPU's) as a list of Python ints."""
-    if keras.ops.is_tensor(ids):
-        ids = keras.ops.convert_to_numpy(ids)
-    return np.asarray(ids).reshape(-1).tolist()
+    return [id_list(ids) for ids in tokens]
 
 
 def _strings(texts):
