@@ -213,6 +213,60 @@ def test_the_search_in_one_loop_equals_the_host_search(kind):
         assert not all(cut), "some hypotheses should end early"
 
 
+def test_a_batch_searched_in_parts_at_once_equals_one_search(monkeypatch):
+    """On a CPU under JAX or TensorFlow a batch is searched in parts, one
+    a core, each in a thread of its own (`compiled.concurrent_parts`):
+    each source gets what one search of the whole batch gives it, in the
+    order of the sources."""
+    import threading
+
+    from keras_transformer.decoding import beam
+
+    model = tiny_model(seed=4)
+    sources = [[START] + [4 + (i * j) % 2 for j in range(i)] + [END] for i in range(1, 10)]
+    sources.insert(3, [])
+    settings = dict(beam_size=3, num_results=2, max_length_offset=5, in_loop=False)
+    monkeypatch.setattr(beam, "concurrent_parts", lambda: 1)
+    whole = beam_search(model, sources, **settings)
+
+    searches = []  # (thread, sources) of each search
+    original = beam._search
+
+    def recording(model, part, *args):
+        searches.append((threading.get_ident(), part))
+        return original(model, part, *args)
+
+    monkeypatch.setattr(beam, "_search", recording)
+    monkeypatch.setattr(beam, "concurrent_parts", lambda: 3)
+    monkeypatch.setattr(beam, "MIN_PART_SOURCES", 2)
+    parts = beam_search(model, sources, **settings)
+    non_empty = [source for source in sources if source]
+    # Three parts, the sources interleaved, each searched in its own thread.
+    assert sorted(part for _, part in searches) == sorted(non_empty[i::3] for i in range(3))
+    assert len({thread for thread, _ in searches}) == 3 and threading.get_ident() not in dict(searches)
+    assert parts[3] == []
+    assert [[ids for ids, _, _ in result] for result in parts] == [[ids for ids, _, _ in result] for result in whole]
+    for found, expected in zip(parts, whole):
+        np.testing.assert_allclose([item[1:] for item in found], [item[1:] for item in expected], rtol=1e-5)
+
+    # Fewer sources than two parts' worth: one search, in the caller's thread.
+    searches.clear()
+    monkeypatch.setattr(beam, "MIN_PART_SOURCES", 8)
+    beam_search(model, sources[:12], **settings)
+    assert [thread for thread, _ in searches] == [threading.get_ident()]
+
+
+def test_batches_are_searched_in_parts_on_a_cpu_where_steps_are_compiled():
+    import os
+
+    from keras_transformer.decoding.compiled import concurrent_parts
+
+    if keras.config.backend() == "torch":  # (its eager steps use every core already)
+        assert concurrent_parts() == 1
+    else:  # (the test suite runs on CPUs)
+        assert concurrent_parts() == len(os.sched_getaffinity(0))
+
+
 def test_a_few_sentences_at_a_time_run_in_one_loop_where_the_backend_compiles_it():
     import keras
 

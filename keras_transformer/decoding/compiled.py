@@ -13,6 +13,7 @@ This is the one place where decoding looks at the backend.
 """
 
 import functools
+import os
 
 import keras
 import numpy as np
@@ -194,6 +195,38 @@ def compiles_whole_loops():
     TensorFlow, through XLA), so that a search can run on the device from
     start to end; PyTorch runs such a loop step by step from Python."""
     return keras.config.backend() in ("jax", "tensorflow")
+
+
+def concurrent_parts():
+    """How many parts of a batch a host search may run at once, each in a
+    thread of its own (`beam._search_in_parts`): on a CPU under JAX or
+    TensorFlow, one a core this process may use; elsewhere 1.
+
+    XLA's CPU code runs a product of a decoding step's size (256 rows by
+    128 by 128) on one core, where PyTorch spreads it over all of them, so
+    a compiled step leaves the other cores idle for most of its time; two
+    steps run at once, from two threads, use them (JAX's CPU client and
+    TensorFlow both run calls of compiled functions concurrently). On a
+    GPU the steps would queue on one device, and PyTorch's eager steps
+    already use every core: one part there.
+    """
+    backend = keras.config.backend()
+    if backend == "jax":
+        import jax
+
+        on_cpu = jax.default_backend() == "cpu"
+    elif backend == "tensorflow":
+        import tensorflow as tf
+
+        on_cpu = not tf.config.list_logical_devices("GPU")
+    else:
+        return 1
+    if not on_cpu or keras.distribution.distribution() is not None:
+        return 1
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # (no affinity on macOS and Windows)
+        return os.cpu_count() or 1
 
 
 def compiles_steps():
