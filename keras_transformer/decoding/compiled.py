@@ -44,6 +44,9 @@ def compile_for_inference(model, function):
         # with no Python control flow on tensors, so its conversion of each
         # function they call (Keras' layers included) is wasted. It took
         # half of tracing an ensemble's search loop (`benchmarks/startup.py`).
+        # One trace a shape is the design: TensorFlow's warning about
+        # frequent retracing says nothing to act on (`compile_for_models`).
+        tf.get_logger().addFilter(_not_about_retracing)
         return tf.function(function, jit_compile=True, reduce_retracing=True, autograph=False)
     if backend == "torch":
         import torch
