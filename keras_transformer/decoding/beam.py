@@ -165,7 +165,9 @@ def beam_search(
     if in_loop is None:
         in_loop = functions is None and compiles_whole_loops() and len(rows) <= LOOP_BATCH_SIZE
     search = _search_in_loop if in_loop else _search
-    parts = 1 if in_loop else min(concurrent_parts(), len(rows) // MIN_PART_SOURCES)
+    # (Asking the backend for its devices only where a batch has two parts' sources.)
+    parts = 1 if in_loop else len(rows) // MIN_PART_SOURCES
+    parts = min(concurrent_parts(), parts) if parts > 1 else 1
     if parts > 1:
         search = functools.partial(_search_in_parts, parts)
     # No weight changes while a search runs: PyTorch's steps check what
