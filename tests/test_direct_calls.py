@@ -540,6 +540,91 @@ def test_prepacked_bfloat16_products_of_any_rows_are_their_rounded_products(rows
 
 
 @only_torch
+@pytest.mark.parametrize("rows", [1, 4, 64])
+def test_prepacked_float32_products_are_linear_products(rows):
+    """Where large float32 products are prepacked in oneDNN (AMD
+    processors, `direct_calls._float32_products_prepacked`), a product of a
+    matrix of at least `_PREPACKED_FLOAT32_WEIGHTS` entries is `linear`'s:
+    within float32 rounding of NumPy's float64 product, at any number of
+    rows, and through `linear` (with a gradient) where gradients are
+    recorded; smaller matrices, and processors where it is off, keep
+    `linear` (no packed product)."""
+    import torch
+
+    from keras_transformer.layers import direct_calls as module
+
+    if not torch.backends.mkldnn.is_available():
+        pytest.skip("this PyTorch has no oneDNN")
+    generator = torch.Generator().manual_seed(rows)
+    weight = torch.randn(512, 256, generator=generator)
+    bias = torch.randn(512, generator=generator)
+    assert weight.numel() >= module._PREPACKED_FLOAT32_WEIGHTS > 384 * 128
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(module, "_float32_products_prepacked", lambda: False)
+        assert module.prepacked_product(weight) is None
+        patch.setattr(module, "_float32_products_prepacked", lambda: True)
+        assert module.prepacked_product(torch.randn(384, 128)) is None  # a decoder layer's of d_model 128
+        product = module.prepacked_product(weight)
+    x = torch.randn(rows, 1, 256, generator=generator)
+    with torch.no_grad():
+        outputs = product(x, bias)
+    assert outputs.dtype == torch.float32 and tuple(outputs.shape) == (rows, 1, 512)
+    expected = x.double().numpy() @ weight.double().numpy().T + bias.double().numpy()
+    np.testing.assert_allclose(outputs.numpy(), expected, rtol=1e-5, atol=1e-4)
+    leaf = x.clone().requires_grad_()
+    product(leaf, bias).sum().backward()
+    np.testing.assert_allclose(leaf.grad.numpy()[:, 0], np.broadcast_to(weight.sum(0).numpy(), (rows, 256)), rtol=1e-5, atol=1e-4)
+
+
+@only_torch
+def test_prepacked_float32_products_follow_the_weights():
+    """With every float32 product prepacked (the threshold lowered to this
+    small model's matrices), cached decoding steps give Keras' logits, and
+    again after the embeddings and a projection are written in place: the
+    packed copies are made again for the new weights."""
+    import torch
+
+    from keras_transformer.layers import direct_calls as module
+
+    if not torch.backends.mkldnn.is_available():
+        pytest.skip("this PyTorch has no oneDNN")
+    model = _model("float32")
+    made = []
+    original = module.prepacked_product
+    with pytest.MonkeyPatch.context() as patch:
+        from keras_transformer.layers import embedding
+        from keras_transformer.layers import torch_decoding_step
+
+        def counting(weight):
+            product = original(weight)
+            made.append(product is not None)
+            return product
+
+        patch.setattr(module, "_float32_products_prepacked", lambda: True)
+        patch.setattr(module, "_PREPACKED_FLOAT32_WEIGHTS", 1)
+        patch.setattr(embedding, "prepacked_product", counting)
+        patch.setattr(torch_decoding_step, "prepacked_product", counting)
+        expected = _cached_steps(model)
+        with direct_calls(), torch.no_grad():  # as decoding runs
+            direct = _cached_steps(model)
+        # Each decoder layer's seven products (its encoder-decoder keys and
+        # values one of them), each encoder layer's four, and the output
+        # projection: all packed.
+        assert made == [True] * (2 * 7 + 2 * 4 + 1)
+        np.testing.assert_allclose(direct, expected, rtol=1e-5, atol=1e-5)
+        embeddings = model.backbone.token_embedding.embeddings
+        embeddings.assign(np.roll(to_numpy(embeddings), 1, axis=0))
+        kernel = model.backbone.decoder_layers[1].feed_forward.inner_dense.kernel
+        kernel.assign(to_numpy(kernel) * 1.5)
+        new_expected = _cached_steps(model)
+        with direct_calls(), torch.no_grad():
+            new_direct = _cached_steps(model)
+    assert len(made) == (2 * 7 + 2 * 4 + 1) + (7 + 1)
+    assert np.abs(new_expected - expected).max() > 0.1
+    np.testing.assert_allclose(new_direct, new_expected, rtol=1e-5, atol=1e-5)
+
+
+@only_torch
 def test_sinusoidal_rows_from_the_kept_table_are_the_layers_positions():
     """Within `direct_calls()` the sinusoidal encoding reads its rows from a
     table computed once (and grown past its length): the rows of keras-hub's

@@ -134,8 +134,9 @@ class SharedTokenEmbedding(DirectCall, keras.layers.ReversibleEmbedding):
         if reverse:
             bias = None if self.logits_bias is None else self.logits_bias.value
             if not torch.is_grad_enabled() and inputs.dtype == embeddings.dtype:
-                # Inference: bfloat16 weights prepacked once, kept while
-                # they stay as they are (`direct_calls.prepacked_product`).
+                # Inference: bfloat16 weights (and float32 ones on AMD
+                # processors) prepacked once, kept while they stay as they
+                # are (`direct_calls.prepacked_product`).
                 product = _cached(
                     self, "_torch_prepacked_projection", embeddings, lambda: prepacked_product(embeddings)
                 )

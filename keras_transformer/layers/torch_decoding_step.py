@@ -62,7 +62,7 @@ class StepWeights:
     Held on the layer and made again when a weight is replaced or written
     (PyTorch counts a tensor's in-place writes): the products read views of
     the weights, except the self-attention's joined projection, a copy, and
-    prepacked bfloat16 weights (`direct_calls.prepacked_product`).
+    prepacked weights (`direct_calls.prepacked_product`).
     """
 
     def __init__(self, layer):
@@ -95,8 +95,9 @@ def _product(dense):
     """`x -> x @ kernel + bias` of a dense layer (`Dense`, or an
     `EinsumDense` that `direct_calls` reduces to a matrix product), for `x`
     of `(..., inputs)`: one `torch.nn.functional.linear` call for float
-    weights (a `prepacked_product` for bfloat16 ones where it applies),
-    Keras' int8 product for int8 ones."""
+    weights (a `prepacked_product` for bfloat16 ones, and large float32
+    ones on AMD processors, where it applies), Keras' int8 product for int8
+    ones."""
     return _joined_product([dense])
 
 
