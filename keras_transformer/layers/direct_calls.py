@@ -447,9 +447,10 @@ def _float32_products_prepacked():
     128) were as fast or faster through `linear` up to 16 rows (128 x 128
     at 4 rows: 8 against 22), hence the size threshold. Translations ran
     1.05-1.39x as fast one sentence at a time and 1.12-1.24x 64 at a time
-    (the presets), 2.4-2.6x and 1.8x one and 16 at a time (an opus-mt
-    sized model); docs/benchmarks.md. Intel's processors keep `linear`
-    (not measured there)."""
+    (the presets), 2.4-2.6x and 1.5-1.9x one and 16 at a time (an opus-mt
+    sized model): `benchmarks/products.py` measures both ways on the
+    machine at hand. Intel's processors keep `linear` (not measured
+    there)."""
     import torch
 
     return torch.backends.mkldnn.is_available() and _cpu_vendor() == "AuthenticAMD"
