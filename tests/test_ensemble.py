@@ -325,18 +325,40 @@ def _ensemble_for_grouping(normalize_first=False):
     return Ensemble(models)
 
 
+def _prepack_float32_products(monkeypatch, prepacked):
+    """Float32 products prepacked for oneDNN (as on AMD processors), down
+    to the test models' tiny matrices, or not at all."""
+    import torch
+
+    from keras_transformer.layers import direct_calls
+
+    if prepacked and not torch.backends.mkldnn.is_available():
+        pytest.skip("this PyTorch has no oneDNN")
+    monkeypatch.setattr(direct_calls, "_float32_products_prepacked", lambda: prepacked)
+    monkeypatch.setattr(direct_calls, "_PREPACKED_FLOAT32_WEIGHTS", 1)
+
+
+def _group_projections(ensemble):
+    """Whether each group of the ensemble's last grouped step projected
+    through its models' prepacked products."""
+    groups = ensemble.__dict__["_torch_grouped_plan"][2]
+    return [weights.projections is not None for _, weights in groups if weights is not None]
+
+
 @pytest.mark.skipif(__import__("keras").config.backend() != "torch", reason="the grouped step is PyTorch's")
-@pytest.mark.parametrize("normalize_first", [False, True])
-def test_alike_models_step_as_one_with_the_ensembles_probabilities(normalize_first, monkeypatch):
+@pytest.mark.parametrize("normalize_first,prepacked", [(False, False), (True, False), (False, True)])
+def test_alike_models_step_as_one_with_the_ensembles_probabilities(normalize_first, prepacked, monkeypatch):
     """On PyTorch, for a few rows, an ensemble's alike models step as one
     (`torch_ensemble_step.grouped_step`): the log-probabilities of three
     cached steps (two sources, one padded) and a beam search's results
-    are those of the models stepped one after another."""
+    are those of the models stepped one after another; also with each
+    model's output projection a prepacked product (AMD processors)."""
     from keras_transformer.decoding import torch_ensemble_step
     from keras_transformer.decoding.interface import decoding_functions
     from keras_transformer.decoding.interface import forget_decoding_functions
     from keras_transformer.layers.direct_calls import unchanged_weights
 
+    _prepack_float32_products(monkeypatch, prepacked)
     ensemble = _ensemble_for_grouping(normalize_first)
     sources = np.array([[START, 4, 5, 4, END], [START, 5, END, 0, 0]], "int32")
     mask = (sources != 0).astype("int32")
@@ -363,6 +385,7 @@ def test_alike_models_step_as_one_with_the_ensembles_probabilities(normalize_fir
     assert not grouped
     as_groups = steps(16)
     assert len(grouped) == 2 * 3  # two groups, three steps
+    assert _group_projections(ensemble) == [prepacked, prepacked]
     for (top, indices), (expected_top, expected_indices) in zip(as_groups, one_after_another):
         np.testing.assert_array_equal(indices, expected_indices)
         np.testing.assert_allclose(top, expected_top, rtol=1e-5, atol=1e-5)
@@ -379,13 +402,15 @@ def test_alike_models_step_as_one_with_the_ensembles_probabilities(normalize_fir
 
 
 @pytest.mark.skipif(__import__("keras").config.backend() != "torch", reason="the grouped step is PyTorch's")
-def test_grouped_weights_follow_the_models_weights():
+@pytest.mark.parametrize("prepacked", [False, True])
+def test_grouped_weights_follow_the_models_weights(prepacked, monkeypatch):
     """Weights written between two searches reach the next search's grouped
     step (an embedding matrix alone, then a decoder layer's kernel alone):
     its results change with them, and equal the models stepped one after
-    another."""
+    another; also with prepacked output projections."""
     from keras_transformer.decoding import torch_ensemble_step
 
+    _prepack_float32_products(monkeypatch, prepacked)
     ensemble = _ensemble_for_grouping()
     source = [[START, 4, 5, 4, END]]
 
@@ -408,7 +433,9 @@ def test_grouped_weights_follow_the_models_weights():
     before = search()
     for write in (write_embeddings, write_kernel):
         write()
-        after, expected = search(), search(few_rows=0)
+        after = search()
+        assert _group_projections(ensemble) == [prepacked, prepacked]
+        expected = search(few_rows=0)
         assert [s for _, s, _ in after] != pytest.approx([s for _, s, _ in before], rel=1e-3)
         assert [ids for ids, _, _ in after] == [ids for ids, _, _ in expected]
         np.testing.assert_allclose([s for _, s, _ in after], [s for _, s, _ in expected], rtol=1e-5)
