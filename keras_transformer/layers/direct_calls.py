@@ -439,11 +439,11 @@ def _float32_products_prepacked():
 
     On a 2-core AMD EPYC (AVX-512, PyTorch 2.13), microseconds a product at
     4 / 16 / 64 / 256 rows, `linear` against prepacked oneDNN (the same
-    values; matrices as inputs x outputs): 128 x 8,000 (the presets' output projection) 219 / 309 / 851
-    / 3,136 against 78 / 179 / 634 / 2,690; 2,048 x 512 323 / 417 / 945 /
-    3,001 against 65 / 196 / 626 / 2,525; 512 x 512 57 / 108 / 210 / 694
-    against 33 / 69 / 182 / 614; 256 x 512 30 / 40 / 104 / 358 against
-    23 / 36 / 93 / 326. Matrices of the presets' decoder layers (d_model
+    values; matrices as inputs x outputs): 128 x 8,000 (the presets'
+    output projection) 219 / 309 / 851 / 3,136 against 78 / 179 / 634 /
+    2,690; 2,048 x 512 323 / 417 / 945 / 3,001 against 65 / 196 / 626 /
+    2,525; 512 x 512 57 / 108 / 210 / 694 against 33 / 69 / 182 / 614;
+    256 x 512 30 / 40 / 104 / 358 against 23 / 36 / 93 / 326. Matrices of the presets' decoder layers (d_model
     128) were as fast or faster through `linear` up to 16 rows (128 x 128
     at 4 rows: 8 against 22), hence the size threshold. Translations ran
     1.05-1.39x as fast one sentence at a time and 1.12-1.24x 64 at a time
