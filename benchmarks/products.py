@@ -24,7 +24,6 @@ the machine at hand, whatever its processor:
 
 import argparse
 import os
-import statistics
 import sys
 import time
 
@@ -33,6 +32,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
+from decoding_step import median_us  # noqa: E402
 from train import processor  # noqa: E402
 
 # (inputs, outputs, what it is)
@@ -47,18 +47,6 @@ MATRICES = [
 ROWS = (4, 16, 64, 256)
 
 
-def median_us(call, calls):
-    for _ in range(max(calls // 10, 1)):
-        call()
-    times = []
-    for _ in range(3):
-        start = time.perf_counter()
-        for _ in range(calls):
-            call()
-        times.append((time.perf_counter() - start) / calls * 1e6)
-    return statistics.median(times)
-
-
 def product_rows(calls):
     """`(matrix, [(linear us, prepacked us) per row count])` for MATRICES."""
     generator = torch.Generator().manual_seed(0)
@@ -71,7 +59,7 @@ def product_rows(calls):
             cells = []
             for rows in ROWS:
                 x = torch.randn(rows, inputs, generator=generator)
-                n = max(calls * 4 // rows, 5) if outputs * inputs > 2**20 else calls
+                n = max(calls * 4 // rows, 10) if outputs * inputs > 2**20 else calls
                 plain = median_us(lambda: torch.nn.functional.linear(x, weight, bias), n)
                 prepacked = median_us(lambda: torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], ""), n)
                 cells.append((plain, prepacked))
