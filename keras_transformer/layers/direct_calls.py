@@ -389,27 +389,22 @@ def prepacked_product(weight):
     """
     import torch
 
-    if weight.dtype == torch.float32 and weight.numel() >= _PREPACKED_FLOAT32_WEIGHTS:
-        if not (weight.device.type == "cpu" and weight.dim() == 2 and _float32_products_prepacked()):
+    if weight.device.type != "cpu" or weight.dim() != 2:
+        return None
+    if weight.dtype == torch.float32:
+        if weight.numel() < _PREPACKED_FLOAT32_WEIGHTS or not _float32_products_prepacked():
             return None
-        packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach().contiguous(), 64)
-
-        def float32_product(x, bias=None):
-            if torch.is_grad_enabled():  # (a gradient flows through `linear` only)
-                return torch.nn.functional.linear(x, weight, bias)
-            return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
-
-        return float32_product
-    if not (
-        weight.dtype == torch.bfloat16 and weight.device.type == "cpu" and weight.dim() == 2
+    elif not (
+        weight.dtype == torch.bfloat16
         and torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported()
     ):
         return None
     # (The rows given are a hint for the layout; any number of rows works.)
     packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach().contiguous(), 64)
     outputs, inputs = weight.shape
-    # A float32 copy of a small matrix, for products of a few rows.
-    exact = weight.detach().float() if outputs * inputs <= _FLOAT32_WEIGHTS else None
+    # A float32 copy of a small bfloat16 matrix, for products of a few rows.
+    small = weight.dtype == torch.bfloat16 and outputs * inputs <= _FLOAT32_WEIGHTS
+    exact = weight.detach().float() if small else None
     biases = [None, None]  # the last bias given, and its float32 copy
 
     def product(x, bias=None):
