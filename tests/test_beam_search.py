@@ -506,3 +506,45 @@ def test_step_outputs_read_back_as_keras_reads_them(dtype):
     np.testing.assert_array_equal(got, expected)
     got[0, 0] = 100
     np.testing.assert_array_equal(ops.convert_to_numpy(tensor), expected)
+
+
+@pytest.mark.parametrize("in_loop", [False, True])
+def test_compiled_searches_follow_the_embeddings(in_loop):
+    """The output projection's copy that compiled decoding reads
+    (`SharedTokenEmbedding.output_columns`, JAX on a CPU) is made again
+    when the embeddings are written: a search after the write scores as
+    exhaustive search does with the new weights."""
+    model = tiny_model(seed=5)
+    source = [START, 4, 5, 4, END]
+    # 64 beams hold every prefix of 3 tokens over 4 symbols: exact search.
+    settings = dict(beam_size=64, num_results=5, max_length_offset=3 - len(source), in_loop=in_loop)
+    beam_search(model, [source], **settings)
+    embedding = model.backbone.token_embedding
+    if keras.config.backend() == "jax":
+        # (The compiled functions took a copy of the embeddings transposed.)
+        np.testing.assert_array_equal(
+            ops.convert_to_numpy(embedding.__dict__["_output_columns"][1]), ops.convert_to_numpy(embedding.embeddings).T
+        )
+    embedding.embeddings.assign(np.random.default_rng(6).normal(0, 1.5, (VOCABULARY, 16)).astype("float32"))
+    result = beam_search(model, [source], **settings)[0]
+    expected = exhaustive(model, source, 3, 0.6)[:5]
+    assert [ids for ids, _, _ in result] == [ids for _, _, ids in expected]
+    np.testing.assert_allclose([s for _, s, _ in result], [s for s, _, _ in expected], rtol=1e-4, atol=1e-5)
+
+
+def test_output_columns_are_the_embeddings_transposed_where_xla_decodes_on_a_cpu():
+    from keras_transformer.layers import SharedTokenEmbedding
+
+    embedding = SharedTokenEmbedding(vocabulary_size=12, d_model=8)
+    embedding.build()
+    columns = embedding.output_columns()
+    if keras.config.backend() != "jax":
+        assert columns is None
+        return
+    np.testing.assert_array_equal(ops.convert_to_numpy(columns), ops.convert_to_numpy(embedding.embeddings).T)
+    assert embedding.output_columns() is columns  # (kept while the embeddings stay as they are)
+    with_mixed_precision = SharedTokenEmbedding(vocabulary_size=12, d_model=8, dtype="mixed_bfloat16")
+    with_mixed_precision.build()
+    assert with_mixed_precision.output_columns() is None
+    embedding.quantize("int8")
+    assert embedding.output_columns() is None

@@ -18,7 +18,9 @@ import os
 import keras
 import numpy as np
 
+from keras_transformer.layers.direct_calls import bound_output_columns
 from keras_transformer.layers.direct_calls import direct_calls
+from keras_transformer.layers.direct_calls import xla_on_cpu
 
 
 def compile_for_inference(model, function):
@@ -112,18 +114,28 @@ def compile_for_models(template, function):
     if backend not in ("jax", "tensorflow"):
         return compile_for_inference(template, function)
     variables = template.variables
-    # Each model's variable list, gathered once (Keras walks every layer
-    # for it): the compiled functions go when variables change
+    projecting = _projecting_layers(template)
+    # Each model's variable list (and layers with output columns),
+    # gathered once (Keras walks every layer for them): the compiled
+    # functions go when variables change
     # (`interface.forget_decoding_functions`).
     held = {}
 
     def values_of(model):
         if id(model) not in held:
-            held[id(model)] = (model, model.variables)
+            held[id(model)] = (model, model.variables, _projecting_layers(model))
         return [v.value for v in held[id(model)][1]]
 
-    def stateless(values, *args, **kwargs):
-        with keras.StatelessScope(state_mapping=list(zip(variables, values))):
+    def columns_of(model):
+        """The output columns (`SharedTokenEmbedding.output_columns`) of
+        the model's layers that have them, in the template's order (None
+        for a layer without): inputs of the compiled function, so that
+        the copies, made outside it, follow the model's weights."""
+        return [layer.output_columns() for layer in held[id(model)][2]]
+
+    def stateless(values, columns, *args, **kwargs):
+        bound = {id(layer): c for layer, c in zip(projecting, columns) if c is not None}
+        with keras.StatelessScope(state_mapping=list(zip(variables, values))), bound_output_columns(bound):
             return function(template, *args, **kwargs)
 
     if backend == "jax":
@@ -136,7 +148,8 @@ def compile_for_models(template, function):
             key = tuple(sorted(kwargs.items()))
             if key not in compiled:
                 compiled[key] = jax.jit(functools.partial(stateless, **kwargs))
-            return compiled[key](values_of(model), *args)
+            values = values_of(model)
+            return compiled[key](values, columns_of(model), *args)
 
         return call
     import tensorflow as tf
@@ -155,14 +168,24 @@ def compile_for_models(template, function):
     traces = {}
 
     def call(model, *args, **kwargs):
+        # (No output columns here: `SharedTokenEmbedding.output_columns`
+        # is for JAX, where it was measured.)
         values = values_of(model)
         key = _shapes(args, kwargs)
         trace = traces.get(key)
         if trace is None:
-            trace = traces[key] = compiled.get_concrete_function(values, *args, **kwargs)
-        return trace(values, *args, **kwargs)
+            trace = traces[key] = compiled.get_concrete_function(values, (), *args, **kwargs)
+        return trace(values, (), *args, **kwargs)
 
     return call
+
+
+def _projecting_layers(model):
+    """The layers of `model` that may project through output columns
+    (`SharedTokenEmbedding.output_columns`), in a fixed order; none for
+    an object without layers."""
+    flatten = getattr(model, "_flatten_layers", None)
+    return [] if flatten is None else [layer for layer in flatten() if hasattr(layer, "output_columns")]
 
 
 def _shapes(args, kwargs):
@@ -213,17 +236,9 @@ def concurrent_parts():
     GPU the steps would queue on one device, and PyTorch's eager steps
     already use every core: one part there.
     """
-    backend = keras.config.backend()
-    if backend == "jax":
-        import jax
-
-        on_cpu = jax.default_backend() == "cpu"
-    elif backend == "tensorflow":
-        import tensorflow as tf
-
-        on_cpu = not tf.config.list_logical_devices("GPU")
-    else:
+    if keras.config.backend() not in ("jax", "tensorflow"):
         return 1
+    on_cpu = xla_on_cpu()
     if not on_cpu or keras.distribution.distribution() is not None:
         return 1
     try:

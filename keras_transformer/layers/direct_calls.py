@@ -114,6 +114,41 @@ def in_place_cache_writes():
 
 
 @contextlib.contextmanager
+def bound_output_columns(columns):
+    """Within this context (in this thread), the layers keyed in `columns`
+    (by `id`) read their output projection's matrix from it: for a
+    decoding function traced for XLA, the tensor it takes in place of the
+    copy `SharedTokenEmbedding.output_columns` made
+    (`keras_transformer.decoding.compiled.compile_for_models`)."""
+    previous = getattr(_state, "output_columns", {})
+    _state.output_columns = {**previous, **columns}
+    try:
+        yield
+    finally:
+        _state.output_columns = previous
+
+
+def output_columns_of(layer):
+    """The tensor `bound_output_columns` binds to `layer`, or None."""
+    return getattr(_state, "output_columns", {}).get(id(layer))
+
+
+def xla_on_cpu():
+    """Whether the backend compiles with XLA (JAX, TensorFlow) and computes
+    on the CPU (no GPU or other accelerator)."""
+    backend = keras.config.backend()
+    if backend == "jax":
+        import jax
+
+        return jax.default_backend() == "cpu"
+    if backend == "tensorflow":
+        import tensorflow as tf
+
+        return not tf.config.list_logical_devices("GPU")
+    return False
+
+
+@contextlib.contextmanager
 def unchanged_weights():
     """Within this context (in this thread), no layer's weights are
     replaced or written: what a PyTorch step holds of them (its
