@@ -548,3 +548,23 @@ def test_output_columns_are_the_embeddings_transposed_where_xla_decodes_on_a_cpu
     assert with_mixed_precision.output_columns() is None
     embedding.quantize("int8")
     assert embedding.output_columns() is None
+
+
+def test_compiled_functions_read_the_weights_as_variable_value_gives_them():
+    """`compiled._values`, which reads variables directly outside Keras'
+    scopes, gives what `Variable.value` gives: the weights, the scope's
+    values in a `StatelessScope`, cast values in an autocast scope."""
+    from keras.src.backend import AutocastScope
+
+    from keras_transformer.decoding.compiled import _values
+
+    variables = tiny_model(seed=7).variables
+    for value, variable in zip(_values(variables), variables):
+        np.testing.assert_array_equal(ops.convert_to_numpy(value), variable.numpy())
+    zeros = [ops.zeros(variable.shape, variable.dtype) for variable in variables]
+    with keras.StatelessScope(state_mapping=list(zip(variables, zeros))):
+        assert all(not np.any(ops.convert_to_numpy(value)) for value in _values(variables))
+    with AutocastScope("float16"):
+        dtypes = [keras.backend.standardize_dtype(value.dtype) for value in _values(variables)]
+        expected = [keras.backend.standardize_dtype(variable.value.dtype) for variable in variables]
+    assert dtypes == expected and "float16" in dtypes
