@@ -208,3 +208,42 @@ def test_a_fixed_memory_row_serves_consecutive_query_rows(return_scores):
         assert weights.shape == (sources * beams, 2, 2, length)
         np.testing.assert_allclose(weights, ops.convert_to_numpy(expected[1]), atol=1e-6)
         assert np.all(weights[beams : 2 * beams, :, :, 3:] == 0)  # source 1's padding
+
+
+def test_attention_over_a_fixed_memory_cache_matches_numpy():
+    """The encoder-decoder attention of a decoding step (keys and values
+    from `project_key_value`, a source's beams grouped over its row; on
+    JAX `head_major_attention`) against equation (1) in NumPy."""
+    rng = np.random.default_rng(11)
+    layer = MultiHeadAttention(num_heads=2, key_dim=8)
+    sources, beams, length = 3, 4, 6
+    query = rng.normal(size=(sources * beams, 1, 16)).astype("float32")
+    memory = rng.normal(size=(sources, length, 16)).astype("float32")
+    padding = np.ones((sources, length), bool)
+    padding[2, 4:] = False
+    layer(query, np.repeat(memory, beams, axis=0))  # builds
+    random_bias(layer)
+    out, _ = layer(query, query, attention_mask=padding[:, None, :], cache=layer.project_key_value(memory))
+    expected, _ = numpy_multi_head_attention(
+        layer, query, np.repeat(memory, beams, axis=0), np.repeat(padding, beams, axis=0)[:, None, :]
+    )
+    np.testing.assert_allclose(to_numpy(out), expected, rtol=1e-5, atol=1e-5)
+
+
+def test_head_major_attention_is_equation_1_and_averages_where_nothing_is_allowed():
+    from keras_transformer.layers.attention import head_major_attention
+
+    rng = np.random.default_rng(12)
+    q = rng.normal(size=(2, 3, 2, 4)).astype("float32")
+    k = rng.normal(size=(2, 2, 5, 4)).astype("float32")
+    v = rng.normal(size=(2, 2, 5, 3)).astype("float32")
+    mask = np.ones((2, 1, 3, 5), bool)
+    mask[0, 0, 1, 2:] = False
+    mask[1, 0, 2, :] = False  # nothing allowed: the values' mean
+    out = to_numpy(head_major_attention(q, k, v, mask))
+    scores = np.einsum("btnh,bnsh->bnts", q, k) / 2.0
+    scores = np.where(mask, scores, -np.inf)
+    scores[1, :, 2, :] = 0.0
+    weights = np.exp(scores - scores.max(-1, keepdims=True))
+    weights /= weights.sum(-1, keepdims=True)
+    np.testing.assert_allclose(out, np.einsum("bnts,bnsh->btnh", weights, v), rtol=1e-5, atol=1e-6)

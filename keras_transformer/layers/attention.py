@@ -95,6 +95,55 @@ def scaled_dot_product_attention(
     return ops.einsum("bnts,bsnh->btnh", weights, value), weights
 
 
+def head_major_attention(query, keys, values, mask=None):
+    """Equation (1) of token-major queries over head-major keys and values
+    (a cache's layout), as batched matrix products over the batch and
+    heads.
+
+    Args:
+        query: `(batch, target_length, num_heads, d_k)`.
+        keys: `(batch, num_heads, source_length, d_k)`.
+        values: `(batch, num_heads, source_length, d_v)`.
+        mask: optional boolean, broadcastable to `(batch, num_heads,
+            target_length, source_length)`; `True` where attention is
+            allowed (a row with none allowed averages uniformly).
+
+    Returns:
+        `(batch, target_length, num_heads, d_v)`.
+
+    For the encoder-decoder attention of a decoding step on JAX
+    (`MultiHeadAttention`): XLA's CPU code runs the two products of
+    `keras.ops.dot_product_attention` over token-major keys and values as
+    general products with the heads as a batch axis in the middle, and
+    these as batched matrix products. A source's 4 beams over 24
+    positions, 4 heads of 32, 32 sources (64 sentences searched in two
+    parts): 197 against 58 us a layer (2-core AMD EPYC, in a compiled
+    loop); one source: 6.4 against 5.1 us. (TensorFlow's translations ran
+    no faster this way: not used there.)
+
+    Example:
+
+    >>> import numpy as np
+    >>> query = np.random.rand(2, 4, 3, 8).astype("float32")
+    >>> keys, values = np.random.rand(2, 2, 3, 5, 8).astype("float32")
+    >>> tuple(head_major_attention(query, keys, values).shape)
+    (2, 4, 3, 8)
+    """
+    query = ops.transpose(query, (0, 2, 1, 3)) * ops.cast(ops.shape(query)[-1] ** -0.5, query.dtype)
+    scores = ops.matmul(query, ops.transpose(keys, (0, 1, 3, 2)))
+    if mask is not None:
+        scores = ops.where(mask, scores, _mask_value(scores.dtype))
+    weights = ops.softmax(scores, axis=-1)
+    return ops.transpose(ops.matmul(weights, values), (0, 2, 1, 3))
+
+
+def _compiles_head_major(layer):
+    """Whether `layer`'s encoder-decoder attention over a cache runs as
+    `head_major_attention`: on JAX, computing in the dtype of its
+    weights."""
+    return keras.config.backend() == "jax" and layer.compute_dtype == layer.variable_dtype
+
+
 @keras.saving.register_keras_serializable(package="keras_transformer")
 class MultiHeadAttention(DirectCall, keras.layers.Layer):
     """Multi-head attention, as in section 3.2.2 of the paper.
@@ -283,7 +332,10 @@ class MultiHeadAttention(DirectCall, keras.layers.Layer):
             and not return_attention_scores
             and (self.dropout == 0.0 or not training)
         )
-        heads, weights = self._attend(query_heads, key_heads, value_heads, mask, fused, training)
+        if shared_memory and fused and _compiles_head_major(self):
+            heads, weights = head_major_attention(query_heads, cache[0], cache[1], mask), None
+        else:
+            heads, weights = self._attend(query_heads, key_heads, value_heads, mask, fused, training)
         if shared_memory:
             heads = ops.reshape(heads, tuple(query_shape[:2]) + tuple(ops.shape(heads)[2:]))
             if weights is not None:
