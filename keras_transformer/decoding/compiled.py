@@ -152,7 +152,7 @@ def compile_for_models(template, function):
             key = tuple(sorted(kwargs.items()))
             if key not in compiled:
                 compiled[key] = jax.jit(functools.partial(stateless, **kwargs))
-            values = values_of(model)
+            values = values_of(model)  # (first: it gathers the model's layers for `columns_of`)
             return compiled[key](values, columns_of(model), *args)
 
         return call
@@ -256,10 +256,7 @@ def concurrent_parts():
     GPU the steps would queue on one device, and PyTorch's eager steps
     already use every core: one part there.
     """
-    if keras.config.backend() not in ("jax", "tensorflow"):
-        return 1
-    on_cpu = xla_on_cpu()
-    if not on_cpu or keras.distribution.distribution() is not None:
+    if not xla_on_cpu() or keras.distribution.distribution() is not None:
         return 1
     try:
         return len(os.sched_getaffinity(0))
