@@ -4,7 +4,9 @@ Decoding calls the encoder once and the decoder once per output token. Run
 op by op, JAX compiles every operation for every new shape and TensorFlow
 pays its eager overhead on each; so each function is compiled whole:
 `jax.jit` (with the model's variables passed in, so that compiled code never
-holds stale weights), `tf.function(jit_compile=True)`, and for PyTorch the
+holds stale weights, and on a CPU a transposed copy of its output
+embeddings, `SharedTokenEmbedding.output_columns`, made again when they
+change), `tf.function(jit_compile=True)`, and for PyTorch the
 eager function without autograd, its layers called directly
 (`keras_transformer.layers.direct_calls`: Keras' work on each layer call
 cost more than the arithmetic of a step).
