@@ -127,17 +127,20 @@ def compile_for_models(template, function):
     # (`interface.forget_decoding_functions`).
     held = {}
 
-    def values_of(model):
+    def held_for(model):
         if id(model) not in held:
             held[id(model)] = (model, model.variables, _projecting_layers(model))
-        return _values(held[id(model)][1])
+        return held[id(model)]
+
+    def values_of(model):
+        return _values(held_for(model)[1])
 
     def columns_of(model):
         """The output columns (`SharedTokenEmbedding.output_columns`) of
         the model's layers that have them, in the template's order (None
         for a layer without): inputs of the compiled function, so that
         the copies, made outside it, follow the model's weights."""
-        return [layer.output_columns() for layer in held[id(model)][2]]
+        return [layer.output_columns() for layer in held_for(model)[2]]
 
     def stateless(values, columns, *args, **kwargs):
         bound = {id(layer): c for layer, c in zip(projecting, columns) if c is not None}
@@ -154,8 +157,7 @@ def compile_for_models(template, function):
             key = tuple(sorted(kwargs.items()))
             if key not in compiled:
                 compiled[key] = jax.jit(functools.partial(stateless, **kwargs))
-            values = values_of(model)  # (first: it gathers the model's layers for `columns_of`)
-            return compiled[key](values, columns_of(model), *args)
+            return compiled[key](values_of(model), columns_of(model), *args)
 
         return call
     import tensorflow as tf

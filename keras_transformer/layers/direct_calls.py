@@ -473,9 +473,10 @@ def _float32_products_prepacked():
     output projection) 219 / 309 / 851 / 3,136 against 78 / 179 / 634 /
     2,690; 2,048 x 512 323 / 417 / 945 / 3,001 against 65 / 196 / 626 /
     2,525; 512 x 512 57 / 108 / 210 / 694 against 33 / 69 / 182 / 614;
-    256 x 512 30 / 40 / 104 / 358 against 23 / 36 / 93 / 326. Matrices of the presets' decoder layers (d_model
-    128) were as fast or faster through `linear` up to 16 rows (128 x 128
-    at 4 rows: 8 against 22), hence the size threshold. Translations ran
+    256 x 512 30 / 40 / 104 / 358 against 23 / 36 / 93 / 326. Matrices of
+    the presets' decoder layers (d_model 128) were as fast or faster
+    through `linear` up to 16 rows (128 x 128 at 4 rows: 8 against 22),
+    hence the size threshold. Translations ran
     1.05-1.39x as fast one sentence at a time and 1.12-1.24x 64 at a time
     (the presets), 2.4-2.6x and 1.5-1.9x one and 16 at a time (an opus-mt
     sized model): `benchmarks/products.py` measures both ways on the
