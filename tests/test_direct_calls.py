@@ -53,16 +53,17 @@ def _model(variant):
     return model
 
 
-def _cached_steps(model):
-    """The logits of three cached decoding steps, as the searches run them."""
-    mask = SOURCES != 0
-    cross = model.cross_attention_cache(model.encode(SOURCES, mask))
-    cache = list(zip(model.empty_self_attention_cache(len(SOURCES), 8), cross))
+def _cached_steps(model, sources=SOURCES, prefix=TARGET_PREFIX, return_cache=False):
+    """The logits of three cached decoding steps, as the searches run them
+    (and the cache after them)."""
+    mask = sources != 0
+    cross = model.cross_attention_cache(model.encode(sources, mask))
+    cache = list(zip(model.empty_self_attention_cache(len(sources), 8), cross))
     logits = []
-    for index, tokens in enumerate(TARGET_PREFIX):
+    for index, tokens in enumerate(prefix):
         step_logits, cache = model.call_decoder_with_cache(np.array(tokens, "int32")[:, None], index, cache, mask)
         logits.append(to_numpy(keras.ops.cast(step_logits, "float32")))
-    return np.stack(logits)
+    return (np.stack(logits), cache) if return_cache else np.stack(logits)
 
 
 def _tolerance(dtype):
@@ -374,6 +375,33 @@ def test_search_steps_run_the_decoder_stack_as_plain_pytorch_calls(variant, plai
     # Only the output projection of each step is a layer call.
     decoder_layers = [name for name in dispatched if name == "TransformerDecoderLayer"]
     assert len(decoder_layers) == (0 if plain else 6)
+
+
+@only_torch
+@pytest.mark.parametrize("copies, attends_in", [(1, "bfloat16"), (8, "float32")])
+def test_bfloat16_search_steps_attend_in_float32_from_16_rows(copies, attends_in):
+    """A bfloat16 model's search steps on a CPU attend in float32 from
+    `_FLOAT32_ATTENTION_FROM_ROWS` (16) rows up: the caches they return,
+    self-attention and encoder-decoder, are float32 there and bfloat16
+    below; the logits are Keras' calls' (which attend in bfloat16) within
+    bfloat16's rounding, and those of the same weights in float32."""
+    import torch
+
+    from keras_transformer.layers.direct_calls import unchanged_weights
+    from keras_transformer.layers.torch_decoding_step import attention_dtype
+
+    model = _model("bfloat16")
+    float32 = _model("float32")  # the same random weights, unrounded
+    float32.set_weights([keras.ops.convert_to_numpy(keras.ops.cast(w, "float32")) for w in model.weights])
+    sources, prefix = np.tile(SOURCES, (copies, 1)), [tokens * copies for tokens in TARGET_PREFIX]
+    assert attention_dtype(torch.zeros(len(sources), 1, 8, dtype=torch.bfloat16)) == getattr(torch, attends_in)
+    expected = _cached_steps(model, sources, prefix)
+    with torch.inference_mode(), direct_calls(), unchanged_weights():
+        direct, cache = _cached_steps(model, sources, prefix, return_cache=True)
+    for self_cache, cross_cache in cache:
+        assert {t.dtype for t in (*self_cache, *cross_cache)} == {getattr(torch, attends_in)}
+    np.testing.assert_allclose(direct, expected, **_tolerance("bfloat16"))
+    np.testing.assert_allclose(direct, _cached_steps(float32, sources, prefix), **_tolerance("bfloat16"))
 
 
 @only_torch

@@ -295,8 +295,11 @@ def _group_layer(weights, layer, x, index, self_caches, cross_caches, encoder_pa
         keys[:, :, index : index + 1] = heads_of(key)
         values[:, :, index : index + 1] = heads_of(value)
         written["cache"] = (keys, values)
-        attended = scaled_dot_product_attention(heads_of(query), keys[:, :, : index + 1], values[:, :, : index + 1])
-        return _product(layer["self_output"], from_heads(attended))
+        # (In the caches' dtype, `torch_decoding_step.attention_dtype`.)
+        attended = scaled_dot_product_attention(
+            heads_of(query).to(keys.dtype), keys[:, :, : index + 1], values[:, :, : index + 1]
+        )
+        return _product(layer["self_output"], from_heads(attended).to(x.dtype))
 
     def cross_attention(x):
         keys = torch.cat([c[0] for c in cross_caches], dim=1)  # (sources, models * heads, length, depth)
@@ -305,12 +308,12 @@ def _group_layer(weights, layer, x, index, self_caches, cross_caches, encoder_pa
         beams = rows // sources
         # A source's beams attend as its row's consecutive query positions.
         query = _product(layer["cross_query"], x).view(models, sources, beams, heads, depth)
-        query = query.permute(1, 0, 3, 2, 4).reshape(sources, models * heads, beams, depth)
+        query = query.permute(1, 0, 3, 2, 4).reshape(sources, models * heads, beams, depth).to(keys.dtype)
         mask = None
         if encoder_padding_mask is not None:
-            mask = _additive_mask(weights.mask_layer, encoder_padding_mask, x)
+            mask = _additive_mask(weights.mask_layer, encoder_padding_mask, keys)
         attended = scaled_dot_product_attention(query, keys, values, attn_mask=mask)
-        return _product(layer["cross_output"], from_heads(attended))
+        return _product(layer["cross_output"], from_heads(attended).to(x.dtype))
 
     def feed_forward(x):
         return _product(layer["outer"], _activated(weights.inner_dense, _product(layer["inner"], x)))
