@@ -491,6 +491,33 @@ def test_best_extensions_rank_every_extension(beams, vocabulary, count, ties, ba
         np.testing.assert_array_equal(indices[finite], expected_indices[finite])
 
 
+@pytest.mark.parametrize("vocabulary", [8000, 8009])
+def test_best_extensions_of_bfloat16_logits_leave_the_logits_as_they_were(vocabulary):
+    """bfloat16 logits, as a bfloat16 model's search step gives them (in
+    inference, PyTorch's log-softmax runs in place on their float32 copy):
+    the values of ranking their float32 values, and the logits unchanged."""
+    import keras
+
+    from keras_transformer.decoding.rules import best_extensions
+
+    rng = np.random.default_rng(vocabulary)
+    logits = keras.ops.cast(rng.normal(0, 4, (3 * 4, vocabulary)).astype("float32"), "bfloat16")
+    log_probs = -rng.uniform(0, 3, (3, 4)).astype("float32")
+    never_output = np.zeros(vocabulary, "float32")
+    never_output[[0, 2]] = -np.inf
+    before = ops.convert_to_numpy(ops.cast(logits, "float32"))
+    if keras.config.backend() == "torch":
+        import torch
+
+        with torch.inference_mode():
+            values, _ = best_extensions(logits, log_probs, never_output, 8)
+    else:
+        values, _ = best_extensions(logits, log_probs, never_output, 8)
+    np.testing.assert_array_equal(ops.convert_to_numpy(ops.cast(logits, "float32")), before)
+    expected = np.sort(_candidates_in_numpy(before, log_probs, never_output), axis=1)[:, ::-1][:, :8]
+    np.testing.assert_allclose(ops.convert_to_numpy(values), expected, rtol=1e-6, atol=1e-5)
+
+
 @pytest.mark.parametrize("dtype", ["float32", "int32", "bfloat16"])
 def test_step_outputs_read_back_as_keras_reads_them(dtype):
     """`compiled.to_numpy` (how a search reads its steps' candidates back)
@@ -546,6 +573,21 @@ def test_output_columns_are_the_embeddings_transposed_where_xla_decodes_on_a_cpu
     with_mixed_precision = SharedTokenEmbedding(vocabulary_size=12, d_model=8, dtype="mixed_bfloat16")
     with_mixed_precision.build()
     assert with_mixed_precision.output_columns() is None
+    # bfloat16 weights: bfloat16 columns, multiplied into float32 logits
+    # (`direct_calls.float32_product`), those of the same values in float32.
+    from keras_transformer.layers.direct_calls import float32_product
+
+    in_bfloat16 = SharedTokenEmbedding(vocabulary_size=12, d_model=8, dtype="bfloat16")
+    in_bfloat16.build()
+    columns = in_bfloat16.output_columns()
+    embeddings = ops.convert_to_numpy(ops.cast(in_bfloat16.embeddings, "float32"))
+    assert keras.backend.standardize_dtype(columns.dtype) == "bfloat16"
+    np.testing.assert_array_equal(ops.convert_to_numpy(ops.cast(columns, "float32")), embeddings.T)
+    hidden = ops.cast(np.random.default_rng(0).normal(size=(3, 8)).astype("float32"), "bfloat16")
+    logits = float32_product(hidden, columns)
+    assert keras.backend.standardize_dtype(logits.dtype) == "float32"
+    exact = ops.convert_to_numpy(ops.cast(hidden, "float32")) @ embeddings.T
+    np.testing.assert_allclose(ops.convert_to_numpy(logits), exact, rtol=1e-5, atol=1e-6)
     embedding.quantize("int8")
     assert embedding.output_columns() is None
 

@@ -133,6 +133,26 @@ def output_columns_of(layer):
     return getattr(_state, "output_columns", {}).get(id(layer))
 
 
+def float32_product(x, y):
+    """`x @ y` as float32: for bfloat16 `x` and `y` on JAX, one product
+    whose float32 results are not rounded to bfloat16 (XLA's
+    `preferred_element_type`); `keras.ops.matmul` otherwise.
+
+    XLA's CPU code multiplies bfloat16 matrices at twice its float32 rate
+    only into a float32 result; into a bfloat16 one it converts both to
+    float32 first. 128 x 128 by 128 x 8,000, compiled, one core of an AMD
+    EPYC with avx512_bf16: 1,310 us into float32, 3,062 into bfloat16,
+    2,591 in float32 throughout.
+    """
+    standardize = keras.backend.standardize_dtype
+    if keras.config.backend() == "jax" and standardize(x.dtype) == standardize(y.dtype) == "bfloat16":
+        import jax
+        import jax.numpy as jnp
+
+        return jax.lax.dot_general(x, y, (((x.ndim - 1,), (0,)), ((), ())), preferred_element_type=jnp.float32)
+    return keras.ops.matmul(x, y)
+
+
 def xla_on_cpu():
     """Whether the backend compiles with XLA (JAX, TensorFlow) and computes
     on the CPU (no GPU or other accelerator)."""

@@ -14,6 +14,7 @@ from keras import ops
 
 from keras_transformer.layers.direct_calls import DirectCall
 from keras_transformer.layers.direct_calls import _cached
+from keras_transformer.layers.direct_calls import float32_product
 from keras_transformer.layers.direct_calls import int8_product
 from keras_transformer.layers.direct_calls import output_columns_of
 from keras_transformer.layers.direct_calls import prepacked_product
@@ -180,7 +181,10 @@ class SharedTokenEmbedding(DirectCall, keras.layers.ReversibleEmbedding):
         embeddings stay as they are, for decoding compiled by JAX on a CPU
         (`keras_transformer.decoding.compiled.compile_for_models` passes it
         to the compiled functions). None elsewhere, and for weights that
-        are not float32 or not tied, a quantized layer or a soft cap.
+        are neither float32 nor bfloat16 (computing in their own dtype) or
+        not tied, a quantized layer or a soft cap. bfloat16 columns give
+        float32 logits (`direct_calls.float32_product`: XLA's fast bfloat16
+        product is the one into float32, and only from this layout).
 
         XLA's CPU product of a few rows by the transpose of a stored
         matrix runs at half the speed of a product by a stored matrix of
@@ -204,7 +208,8 @@ class SharedTokenEmbedding(DirectCall, keras.layers.ReversibleEmbedding):
             and self.tie_weights
             and self.reverse_dtype is None
             and self.logit_soft_cap is None
-            and self.compute_dtype == self.variable_dtype == "float32"
+            and self.compute_dtype == self.variable_dtype
+            and self.compute_dtype in ("float32", "bfloat16")
             and xla_on_cpu()
         ):
             return None
@@ -222,7 +227,7 @@ class SharedTokenEmbedding(DirectCall, keras.layers.ReversibleEmbedding):
         if reverse:
             columns = output_columns_of(self)
             if columns is not None:
-                logits = ops.matmul(inputs, columns)  # (`output_columns`)
+                logits = float32_product(inputs, columns)  # (`output_columns`)
             elif self.quantization_mode is None and self.compute_dtype != self.variable_dtype:
                 # Mixed precision. Keras' `Embedding` does not autocast its
                 # variable (a lookup casts the rows it reads), so its output
