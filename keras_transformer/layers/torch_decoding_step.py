@@ -321,12 +321,12 @@ def attend_to_cache(query, keys, values, index):
 _MASKED_FROM_ROWS = 16
 
 
-def attention_dtype(x, rows=None):
+def attention_dtype(x):
     """The dtype in which a decoding step on PyTorch attends, for a layer
-    whose activations `x` have their own dtype: float32 for bfloat16 and
-    float16 ones on a CPU from `_FLOAT32_ATTENTION_FROM_ROWS` rows (`rows`,
-    by default `x`'s first axis) up, `x`'s dtype otherwise. The caches are
-    kept in it (`decoder_step`).
+    whose activations `x`, `(rows, ...)`, have their own dtype: float32 for
+    bfloat16 and float16 ones on a CPU from `_FLOAT32_ATTENTION_FROM_ROWS`
+    rows up, `x`'s dtype otherwise. The caches are kept in it
+    (`decoder_step`).
 
     PyTorch's CPU kernels attend to a cache more slowly in bfloat16 than in
     float32, while its bfloat16 matrix products run at twice the float32
@@ -335,14 +335,15 @@ def attention_dtype(x, rows=None):
     fused attention over 32 cached positions took 698 us in bfloat16
     against 263 in float32 (157 as `attend_to_cache`'s two products), the
     encoder-decoder attention 346 against 131. The shipped en-de preset in
-    bfloat16 translated 64 sentences at a time 1.01-1.06x as fast this way
-    (median 1.03x, five passes each, alternating); one sentence at a time
-    0.96x, hence the rows.
+    bfloat16 translated 64 sentences at a time 1.05x as fast this way
+    (median of five passes each, alternating), one at a time as fast;
+    attending in float32 at every row count, one at a time ran at 0.96x,
+    hence the rows.
     """
     import torch
 
-    rows = x.shape[0] if rows is None else rows
-    if x.device.type == "cpu" and x.dtype in (torch.bfloat16, torch.float16) and rows >= _FLOAT32_ATTENTION_FROM_ROWS:
+    lower = x.dtype in (torch.bfloat16, torch.float16)
+    if lower and x.device.type == "cpu" and x.shape[0] >= _FLOAT32_ATTENTION_FROM_ROWS:
         return torch.float32
     return x.dtype
 
