@@ -2,6 +2,7 @@
 exhaustive search on a tiny model."""
 
 import itertools
+import types
 
 import keras
 import numpy as np
@@ -533,6 +534,39 @@ def test_step_outputs_read_back_as_keras_reads_them(dtype):
     np.testing.assert_array_equal(got, expected)
     got[0, 0] = 100
     np.testing.assert_array_equal(ops.convert_to_numpy(tensor), expected)
+
+
+def test_compiled_functions_take_each_nesting_shape_and_default_as_the_function_does():
+    """`compiled.compile_for_inference` gives the function's results for
+    arguments of other shapes and nestings (lists or tuples) and for
+    keyword arguments given or left to their defaults, reading the
+    model's weights as they are at the call; on TensorFlow, where calls
+    go to a trace found by the arguments' shapes, one trace a signature."""
+    from keras_transformer.decoding.compiled import compile_for_inference
+
+    scale = keras.Variable(np.float32(2.0))
+    traces = []
+
+    def function(x, pair, offset=1.0):
+        traces.append(len(pair))
+        return ops.add(ops.multiply(x, scale) + pair[0] * pair[-1], offset)
+
+    compiled = compile_for_inference(types.SimpleNamespace(variables=[scale]), function)
+    rng = np.random.default_rng(0)
+    calls = []
+    for shape in [(3,), (2, 3), (3,), (3,)]:
+        x, a, b = (rng.normal(size=shape).astype("float32") for _ in range(3))
+        calls += [((x, [a, b]), {}), ((x, (a, b)), {}), ((x, (a, b, a)), {}), ((x, [a, b]), {"offset": -4.0})]
+    for args, kwargs in calls:
+        x, pair = args
+        expected = x * scale.numpy() + pair[0] * pair[-1] + kwargs.get("offset", 1.0)
+        np.testing.assert_allclose(ops.convert_to_numpy(compiled(*args, **kwargs)), expected, rtol=1e-6)
+    scale.assign(np.float32(-3.0))
+    x = np.ones(3, "float32")
+    np.testing.assert_allclose(ops.convert_to_numpy(compiled(x, [x, x])), np.full(3, -3.0 + 1 + 1))
+    if keras.config.backend() == "tensorflow":
+        # (Two shapes by four nestings and keyword values; `reduce_retracing` may trace fewer.)
+        assert len(traces) <= 8
 
 
 @pytest.mark.parametrize("in_loop", [False, True])
