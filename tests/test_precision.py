@@ -100,3 +100,77 @@ def test_mixed_precision_output_projection_multiplies_in_bfloat16():
     expected = to_numpy(reference(inputs))
     error = np.abs(to_numpy(logits).astype("float32") - expected).max()
     assert error < 0.05 * np.abs(expected).max(), error
+
+
+def test_compiled_bfloat16_projections_multiply_into_float32_on_xla():
+    """In functions compiled for decoding on a CPU (`direct_calls.xla_decoding`),
+    JAX and TensorFlow multiply bfloat16 inputs by bfloat16 kernels into
+    float32 (XLA's fast bfloat16 product; into bfloat16 it converts both
+    operands to float32 first): the compiled code has such products, and
+    the layers' outputs are NumPy's float32 products of the same values,
+    plus the bias, rounded once to bfloat16; the output projection gives
+    float32 logits."""
+    import types
+
+    import ml_dtypes
+
+    from keras_transformer.decoding.compiled import compile_for_inference
+    from keras_transformer.layers.direct_calls import Dense
+    from keras_transformer.layers.direct_calls import EinsumDense
+
+    keras.utils.set_random_seed(3)
+    inner = Dense(24, activation="relu", dtype="bfloat16")
+    heads = EinsumDense("btd,dnh->btnh", (None, 3, 4), bias_axes="nh", dtype="bfloat16")
+    merge = EinsumDense("btnh,nhd->btd", (None, 8), bias_axes="d", dtype="bfloat16")
+    embedding = SharedTokenEmbedding(vocabulary_size=40, d_model=8, dtype="bfloat16")
+    x = keras.ops.cast(np.random.default_rng(0).normal(size=(2, 5, 8)), "bfloat16")
+    for layer in (inner, heads, merge, embedding):
+        layer.build((2, 5, 3, 4) if layer is merge else (2, 5, 8))
+    for layer in (inner, heads, merge):  # (non-zero biases)
+        layer.bias.assign(np.random.default_rng(1).normal(size=layer.bias.shape))
+
+    def function(x):
+        return inner(x), heads(x), merge(keras.ops.reshape(heads(x), (2, 5, 3, 4))), embedding(x, reverse=True)
+
+    model = types.SimpleNamespace(variables=[v for layer in (inner, heads, merge, embedding) for v in layer.variables])
+    compiled = compile_for_inference(model, function)
+    outputs = [to_numpy(keras.ops.cast(y, "float32")) for y in compiled(x)]
+
+    def values(tensor):
+        return to_numpy(keras.ops.cast(tensor, "float32")).astype("float64")
+
+    def rounded(product):
+        return product.astype("float32").astype(ml_dtypes.bfloat16).astype("float32")
+
+    xs = values(x)
+    projected = rounded(np.einsum("btd,dnh->btnh", xs, values(heads.kernel)) + values(heads.bias))
+    expected = [
+        np.maximum(rounded(xs @ values(inner.kernel) + values(inner.bias)), 0),
+        projected,
+        rounded(np.einsum("btnh,nhd->btd", projected, values(merge.kernel)) + values(merge.bias)),
+        xs @ values(embedding.embeddings).T,
+    ]
+    for got, want in zip(outputs, expected):
+        # (One bfloat16 step apart at most, where float32 sums in another order round to the other side.)
+        np.testing.assert_allclose(got, want, rtol=2**-7, atol=1e-6)
+    backend = keras.config.backend()
+    if backend == "jax":
+        import jax
+
+        compiled(x)  # (the functions traced inside the context; traced again here to read them)
+        from keras_transformer.layers.direct_calls import xla_decoding
+
+        with xla_decoding():
+            text = str(jax.make_jaxpr(function)(x))
+        assert text.count("preferred_element_type=float32") >= 5, text
+    elif backend == "tensorflow":
+        import tensorflow as tf
+
+        from keras_transformer.layers.direct_calls import xla_decoding
+
+        with xla_decoding():
+            graph = tf.function(function, jit_compile=True).get_concrete_function(x).graph
+        products = [op for op in graph.get_operations() if op.type == "BatchMatMulV3"]
+        assert len(products) >= 5 and all(op.get_attr("Tout") == tf.float32 for op in products)
+        # The float32 logits of the output projection.
+        assert outputs[3].dtype == np.float32 and compiled(x)[3].dtype == tf.float32

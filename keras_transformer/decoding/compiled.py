@@ -27,6 +27,7 @@ from keras.src.backend import in_stateless_scope
 
 from keras_transformer.layers.direct_calls import bound_output_columns
 from keras_transformer.layers.direct_calls import direct_calls
+from keras_transformer.layers.direct_calls import xla_decoding
 from keras_transformer.layers.direct_calls import xla_on_cpu
 
 
@@ -56,7 +57,9 @@ def compile_for_inference(model, function):
         # One trace a shape is the design: TensorFlow's warning about
         # frequent retracing says nothing to act on (`compile_for_models`).
         tf.get_logger().addFilter(_not_about_retracing)
-        traced = _traced_by_shapes(tf.function(function, jit_compile=True, reduce_retracing=True, autograph=False))
+        traced = _traced_by_shapes(
+            tf.function(_in_xla_decoding(function), jit_compile=True, reduce_retracing=True, autograph=False)
+        )
         return lambda *args, **kwargs: traced((), args, kwargs)
     if backend == "torch":
         import torch
@@ -146,7 +149,7 @@ def compile_for_models(template, function):
 
     def stateless(values, columns, *args, **kwargs):
         bound = {id(layer): c for layer, c in zip(projecting, columns) if c is not None}
-        with keras.StatelessScope(state_mapping=list(zip(variables, values))), bound_output_columns(bound):
+        with keras.StatelessScope(state_mapping=list(zip(variables, values))), bound_output_columns(bound), xla_decoding():
             return function(template, *args, **kwargs)
 
     if backend == "jax":
@@ -220,6 +223,18 @@ def _traced_by_shapes(compiled):
         return trace(*leading, *args, **kwargs, **defaults)
 
     return call
+
+
+def _in_xla_decoding(function):
+    """`function` traced inside `direct_calls.xla_decoding()`, with its
+    signature (`_traced_by_shapes` reads its defaults)."""
+
+    @functools.wraps(function)
+    def traced(*args, **kwargs):
+        with xla_decoding():
+            return function(*args, **kwargs)
+
+    return traced
 
 
 def _values(variables):

@@ -14,6 +14,8 @@ from keras import ops
 
 from keras_transformer.layers.direct_calls import DirectCall
 from keras_transformer.layers.direct_calls import _cached
+from keras_transformer.layers.direct_calls import bfloat16_product
+from keras_transformer.layers.direct_calls import bfloat16_products_in_float32
 from keras_transformer.layers.direct_calls import float32_product
 from keras_transformer.layers.direct_calls import int8_product
 from keras_transformer.layers.direct_calls import output_columns_of
@@ -204,10 +206,7 @@ class SharedTokenEmbedding(DirectCall, keras.layers.ReversibleEmbedding):
         """
         if not (
             keras.config.backend() == "jax"
-            and self.quantization_mode is None
-            and self.tie_weights
-            and self.reverse_dtype is None
-            and self.logit_soft_cap is None
+            and self._tied_projection()
             and self.compute_dtype == self.variable_dtype
             and self.compute_dtype in ("float32", "bfloat16")
             and xla_on_cpu()
@@ -220,6 +219,14 @@ class SharedTokenEmbedding(DirectCall, keras.layers.ReversibleEmbedding):
             object.__setattr__(self, "_output_columns", held)
         return held[1]
 
+    def _tied_projection(self):
+        """Whether the output projection is a plain product by the float
+        embeddings: tied, not quantized, no reverse dtype or soft cap."""
+        return (
+            self.quantization_mode is None and self.tie_weights and self.reverse_dtype is None
+            and self.logit_soft_cap is None
+        )
+
     def _shared_call(self, embedding_call, inputs, reverse):
         """`ReversibleEmbedding`'s call (float or quantized), scaled by
         sqrt(d_model) as an embedding, plus the logits bias as the output
@@ -228,6 +235,8 @@ class SharedTokenEmbedding(DirectCall, keras.layers.ReversibleEmbedding):
             columns = output_columns_of(self)
             if columns is not None:
                 logits = float32_product(inputs, columns)  # (`output_columns`)
+            elif self._tied_projection() and bfloat16_products_in_float32(self, inputs, self.embeddings):
+                logits = bfloat16_product(inputs, ops.transpose(self.embeddings.value))
             elif self.quantization_mode is None and self.compute_dtype != self.variable_dtype:
                 # Mixed precision. Keras' `Embedding` does not autocast its
                 # variable (a lookup casts the rows it reads), so its output
