@@ -210,10 +210,7 @@ def float32_product(x, y):
     """
     standardize = keras.backend.standardize_dtype
     if keras.config.backend() == "jax" and standardize(x.dtype) == standardize(y.dtype) == "bfloat16":
-        import jax
-        import jax.numpy as jnp
-
-        return jax.lax.dot_general(x, y, (((x.ndim - 1,), (0,)), ((), ())), preferred_element_type=jnp.float32)
+        return bfloat16_product(x, y)
     return keras.ops.matmul(x, y)
 
 
