@@ -141,19 +141,26 @@ def test_batches_of_different_lengths_equal_one_by_one():
 
 # PyTorch's way (a source leaves at every step) is run where it is the real
 # one: on JAX and TensorFlow it would compile a step for every batch size.
-@pytest.mark.parametrize("compiled_steps", [True, pytest.param(False, marks=pytest.mark.skipif(
-    keras.config.backend() != "torch", reason="PyTorch's way runs in PyTorch's run (cheap there)"))])
-def test_sources_leave_the_batch_without_changing_results(compiled_steps, monkeypatch):
+# There, the search runs in segments of compiled steps (the default) or a
+# step a call (given its step functions).
+@pytest.mark.parametrize("mode", [
+    pytest.param(mode, marks=pytest.mark.skipif(
+        (mode == "eager") != (keras.config.backend() == "torch"),
+        reason="each backend's own way (eager steps on PyTorch, compiled ones elsewhere)"))
+    for mode in ("segments", "steps", "eager")
+])
+def test_sources_leave_the_batch_without_changing_results(mode, monkeypatch):
     """Where steps are compiled per shape (JAX, TensorFlow) done sources
     leave the batch in powers of two, with filler; where they are not
     (PyTorch) at every step, and the first step runs one beam a source.
-    Either way each source gets what it gets alone."""
+    Either way each source gets what it gets alone. In segments, each call
+    of compiled code runs until the batch shrinks or the cache grows."""
     from keras_transformer.decoding import beam
 
-    kept = []  # (live sources, batch slots, slots kept) at each step
+    kept = []  # (live sources, batch slots, slots kept) at each step (at each segment's end)
     original = beam._slots_to_keep
 
-    def recording(done, compiled):
+    def recording(done, compiled=True):
         keep = original(done, compiled)
         kept.append((int((~done).sum()), len(done), len(keep)))
         return keep
@@ -171,26 +178,55 @@ def test_sources_leave_the_batch_without_changing_results(compiled_steps, monkey
 
         return encode, first_step_rows
 
-    monkeypatch.setattr(beam, "compiles_steps", lambda: compiled_steps)
+    segments, grown = [], []
+    original_segments, original_grown = beam.search_segment_function, beam._grown
+
+    def recording_segments(*args):
+        segment = original_segments(*args)
+
+        def counted(*inputs):
+            segments.append(len(inputs[1]))
+            return segment(*inputs)
+
+        return counted
+
+    def recording_grown(state, length):
+        grown.append(length)
+        return original_grown(state, length)
+
+    monkeypatch.setattr(beam, "compiles_steps", lambda: mode != "eager")
     monkeypatch.setattr(beam, "_slots_to_keep", recording)
     monkeypatch.setattr(beam, "decoding_functions", recording_functions)
+    monkeypatch.setattr(beam, "search_segment_function", recording_segments)
+    monkeypatch.setattr(beam, "_grown", recording_grown)
     model = tiny_model(seed=5)  # outputs run to their budgets: sources end one by one
     sources = [[START] + [4 + (i * j) % 2 for j in range(i)] + [END] for i in range(1, 12)]
-    batched = beam_search(model, sources, beam_size=3, max_length_offset=5)
+    settings = dict(beam_size=3, max_length_offset=5)
+    functions = None if mode == "segments" else beam.decoding_functions(model)
+    batched = beam_search(model, sources, functions=functions, **settings)
     monkeypatch.setattr(beam, "_slots_to_keep", original)
     for source, result in zip(sources, batched):
-        assert result[0][0] == beam_search(model, [source], beam_size=3, max_length_offset=5)[0][0][0]
-    # The first step: one row a source (its one live beam), or, compiled,
-    # the k beams' rows that every later step has.
-    assert first_rows[0] == len(sources) * (3 if compiled_steps else 1)
+        assert result[0][0] == beam_search(model, [source], **settings)[0][0][0]
     shrinks = [(live, slots, keep) for live, slots, keep in kept if keep < slots]
     assert shrinks, kept
-    if compiled_steps:
+    if mode == "segments":
+        assert not first_rows  # no step called one at a time
+        # A segment ends where the batch shrinks, where the cache grows (from 16
+        # positions to the 24 that the longest budget, 16 tokens, rounds up to),
+        # or at the end.
+        assert grown == [24] and len(segments) == len(shrinks) + len(grown) + 1, (segments, kept, grown)
+        assert segments[0] == len(sources) and segments[-1] == 8, segments
+    else:
+        # The first step: one row a source (its one live beam), or, compiled,
+        # the k beams' rows that every later step has.
+        assert first_rows[0] == len(sources) * (3 if mode == "steps" else 1)
+    if mode != "eager":
         assert all(keep & (keep - 1) == 0 and live <= keep for live, _, keep in shrinks), kept
         # Never below 8 slots: each smaller size would compile every step again.
         assert min(keep for _, _, keep in kept) == beam.MIN_COMPILED_SLOTS == 8, kept
+    if mode == "steps":
         assert any(live < keep for live, _, keep in kept), kept  # done sources kept as filler
-    else:
+    if mode == "eager":
         assert all(keep == live for live, slots, keep in kept if live < slots), kept
 
 
@@ -214,6 +250,39 @@ def test_the_search_in_one_loop_equals_the_host_search(kind):
         assert not all(cut), "some hypotheses should end early"
 
 
+@pytest.mark.skipif(keras.config.backend() == "torch", reason="PyTorch runs a step a call: no segments")
+@pytest.mark.parametrize("kind,alpha", [("gnmt", 0.6), ("length", 1.0), ("gnmt", 0.0)])
+def test_segments_of_compiled_steps_equal_a_step_a_call(kind, alpha, monkeypatch):
+    """Where steps are compiled (JAX, TensorFlow) the host search runs
+    segments of steps on the device (`loop.search_segment`, the rules in
+    Keras ops), shrinking the batch and growing the cache between them;
+    given its step functions it runs a step a call and ranks on the host
+    (NumPy). Same outputs, the same scores to float32's precision, for a
+    batch that shrinks and a cache that grows twice."""
+    from keras_transformer.decoding import beam
+    from keras_transformer.decoding.interface import decoding_functions
+
+    monkeypatch.setattr(beam, "concurrent_parts", lambda: 1)
+    model = tiny_model(seed=5, max_sequence_length=128)
+    sources = [[START] + [4 + (i * j) % 2 for j in range(i % 9)] + [END] for i in range(1, 24)]
+    sources.insert(5, [])
+    settings = dict(beam_size=4, num_results=3, alpha=alpha, length_penalty=kind, max_length_offset=30)
+    grown, shrunk = [], []
+    original_grown, original_kept = beam._grown, beam._kept
+    monkeypatch.setattr(beam, "_grown", lambda state, length: grown.append(length) or original_grown(state, length))
+    monkeypatch.setattr(beam, "_kept", lambda state, cross, keep, k: shrunk.append(len(keep)) or original_kept(
+        state, cross, keep, k))
+    segments = beam_search(model, sources, **settings)
+    steps = beam_search(model, sources, functions=decoding_functions(model), **settings)
+    assert grown[:2] == [32, 48] and shrunk and shrunk[-1] == 8, (grown, shrunk)
+    outputs = [[[ids for ids, _, _ in result] for result in found] for found in (segments, steps)]
+    assert outputs[0] == outputs[1]
+    for found, expected in zip(segments, steps):
+        np.testing.assert_allclose([item[1:] for item in found], [item[1:] for item in expected], rtol=1e-5)
+    counts = [len(result) for result in segments]
+    assert counts[5] == 0 and counts[:5] + counts[6:] == [3] * (len(sources) - 1), counts
+
+
 def test_a_batch_searched_in_parts_at_once_equals_one_search(monkeypatch):
     """On a CPU under JAX or TensorFlow a batch is searched in parts, one
     a core, each in a thread of its own (`compiled.concurrent_parts`):
@@ -231,13 +300,15 @@ def test_a_batch_searched_in_parts_at_once_equals_one_search(monkeypatch):
     whole = beam_search(model, sources, **settings)
 
     searches = []  # (thread, sources) of each search
-    original = beam._search
+    # (Where steps are compiled, each part is searched in segments of steps.)
+    name = "_search" if keras.config.backend() == "torch" else "_search_in_segments"
+    original = getattr(beam, name)
 
     def recording(model, part, *args):
         searches.append((threading.get_ident(), part))
         return original(model, part, *args)
 
-    monkeypatch.setattr(beam, "_search", recording)
+    monkeypatch.setattr(beam, name, recording)
     monkeypatch.setattr(beam, "concurrent_parts", lambda: 3)
     monkeypatch.setattr(beam, "MIN_PART_SOURCES", 2)
     parts = beam_search(model, sources, **settings)

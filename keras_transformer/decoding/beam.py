@@ -14,13 +14,17 @@ ended, adding to their scores; here a hypothesis that emits the end token is
 set aside, finished, and never extended again.
 
 The search's rules (output budget, candidates, ranking, maximum length,
-stopping) are written once in `rules.py`. This module runs them on the
-host, between compiled steps (`interface.decoding_functions`), with sources
-that are done leaving the batch; for a few sources at a time on JAX and
-TensorFlow it runs them in one compiled loop instead (`loop.py`, which the
-SavedModel runs too), and on their CPUs it searches a large batch in parts
-at once, one a core (`compiled.concurrent_parts`). With `beam_size=1` this
-is greedy decoding.
+stopping) are written once in `rules.py`. This module's host search drops
+sources that are done from the batch and grows the self-attention cache as
+outputs grow. On PyTorch it runs the rules on the host between eager steps
+(`interface.decoding_functions`); on JAX and TensorFlow each call of
+compiled code runs a segment of steps with the rules on the device
+(`loop.search_segment`), until the batch should shrink or the cache grow.
+For a few sources at a time on JAX and TensorFlow the whole search runs in
+one compiled loop instead (`loop.search_loop`, which the SavedModel runs
+too), and on their CPUs a large batch is searched in parts at once, one a
+core (`compiled.concurrent_parts`). With `beam_size=1` this is greedy
+decoding.
 """
 
 import functools
@@ -35,8 +39,11 @@ from keras_transformer.decoding.compiled import compiles_whole_loops
 from keras_transformer.decoding.compiled import concurrent_parts
 from keras_transformer.decoding.compiled import id_list
 from keras_transformer.decoding.compiled import to_numpy
+from keras_transformer.decoding.ensemble import Ensemble
 from keras_transformer.decoding.interface import decoding_functions
 from keras_transformer.decoding.interface import search_loop_function
+from keras_transformer.decoding.interface import search_segment_function
+from keras_transformer.decoding.loop import initial_state
 from keras_transformer.decoding.rules import LENGTH_PENALTIES
 from keras_transformer.decoding.rules import length_penalty
 from keras_transformer.decoding.rules import output_budgets
@@ -137,14 +144,17 @@ def beam_search(
             alpha), which also stops as transformers' beam search does
             (`early_stopping=False`), so that it gives transformers'
             outputs.
-        functions: the `(encode, step)` pair to run; by default the model's
-            `decoding_functions(model)` (another pair times other ways of
-            running a step, as `benchmarks/decode.py` does). Where steps
-            are not compiled (PyTorch), the first step runs one beam a
-            source and `step` is given `beam_size=beam_size`.
+        functions: the `(encode, step)` pair to run a step a call, ranking
+            on the host (another pair times other ways of running a step,
+            as `benchmarks/decode.py` does). By default PyTorch runs the
+            model's `decoding_functions(model)` so, and so do ensembles
+            (`decoding.ensemble.Ensemble`); JAX and TensorFlow run
+            segments of steps (`loop.search_segment`). Where steps are not
+            compiled (PyTorch), the first step runs one beam a source and
+            `step` is given `beam_size=beam_size`.
         in_loop: run the whole search in one compiled loop (`loop.py`):
             by default on JAX and TensorFlow for batches of at most
-            `LOOP_BATCH_SIZE` sources; `False` runs the host loop.
+            `LOOP_BATCH_SIZE` sources; `False` runs the host search.
 
     Returns:
         For each source, a list of `num_results` `(token_ids, score,
@@ -164,12 +174,17 @@ def beam_search(
     )
     if in_loop is None:
         in_loop = functions is None and compiles_whole_loops() and len(rows) <= LOOP_BATCH_SIZE
-    search = _search_in_loop if in_loop else _search
+    if in_loop:
+        search = _search_in_loop
+    elif functions is None and compiles_whole_loops() and not isinstance(model, Ensemble):
+        search = _search_in_segments
+    else:
+        search = _search
     # (Asking the backend for its devices only where a batch has two parts' sources.)
     parts = 1 if in_loop else len(rows) // MIN_PART_SOURCES
     parts = min(concurrent_parts(), parts) if parts > 1 else 1
     if parts > 1:
-        search = functools.partial(_search_in_parts, parts)
+        search = functools.partial(_search_in_parts, parts, search)
     # No weight changes while a search runs: PyTorch's steps check what
     # they hold of the weights once (`direct_calls.unchanged_weights`).
     with unchanged_weights():
@@ -273,14 +288,107 @@ def _search(model, sources, max_length_offset, settings, functions):
     return finished
 
 
-def _search_in_parts(parts, model, sources, max_length_offset, settings, functions):
-    """`_search` of `parts` parts of the sources at once, each in a thread
-    of its own (`compiled.concurrent_parts`), the sources interleaved (a
-    batch sorted by length gives each part alike)."""
+def _search_in_segments(model, sources, max_length_offset, settings, functions=None):
+    """`_search` where steps are compiled (JAX, TensorFlow): the same rules
+    and the same batch sizes, but each call of compiled code runs steps
+    until the batch should shrink or the cache grow (`loop.search_segment`,
+    the search's rules on the device), not one: a few calls a batch, not
+    one a step. Each source's best `beam_size` finished hypotheses,
+    `(score, log_prob, token_ids)`, in no order.
+
+    A host search pays at every step for a call of compiled code (its
+    arguments, the model's weights among them) and for ranking on the host
+    (NumPy calls); two parts of a batch searched at once (`_search_in_parts`)
+    waited in turn for Python's interpreter lock to do it.
+    """
+    special = model.special_token_ids
+    batch, k = len(sources), settings.beam_size
+    limit = model.backbone.max_sequence_length
+    encoder_ids, encoder_mask = pad_sources(sources, special.pad, limit)
+    budgets = output_budgets(sources, max_length_offset, limit).astype("int32")
+    max_length = min(round_up(int(budgets.max()) + 1, 8), limit)
+    segment = search_segment_function(model, k, settings.num_results, settings.alpha, settings.kind)
+    _, cross = decoding_functions(model)[0](encoder_ids, encoder_mask)
+
+    cache_length = min(CACHE_CHUNK, max_length)
+    state = initial_state(model, batch, k, cache_length)
+    slots = np.arange(batch)  # which source each slot of the batch holds
+    finished = [[] for _ in range(batch)]
+    while True:
+        min_live = _largest_power_of_two_below(len(slots)) if len(slots) > MIN_COMPILED_SLOTS else 0
+        state = segment(state, encoder_mask, cross, budgets[slots], np.asarray(min_live, "int32"))
+        index, done = int(to_numpy(state[0])), to_numpy(state[7])
+        keep = np.zeros(0, "int64") if done.all() else _slots_to_keep(done)
+        if len(keep) < len(slots):
+            leaving = np.setdiff1d(np.arange(len(slots)), keep)
+            _collect(finished, slots[leaving], [to_numpy(x)[leaving] for x in state[5]])
+        if done.all():
+            return finished
+        if len(keep) < len(slots):
+            state, cross = _kept(state, cross, keep, k)
+            encoder_mask, slots = encoder_mask[keep], slots[keep]
+        if index == cache_length:
+            cache_length = min(cache_length + CACHE_CHUNK, max_length)
+            state = _grown(state, cache_length)
+
+
+def _largest_power_of_two_below(size):
+    """The largest power of two less than `size` (> 1): a batch of `size`
+    slots shrinks (`_slots_to_keep`) once at most this many sources search."""
+    return 1 << int(size - 1).bit_length() - 1
+
+
+def _collect(finished, sources, hypotheses):
+    """Appends to `finished[source]` each finished hypothesis of the
+    `loop.search_segment` state's `(token_ids, lengths, scores, log_probs)`
+    (rows in the order of `sources`)."""
+    token_ids, lengths, scores, log_probs = hypotheses
+    for row, source in enumerate(sources):
+        for j in np.flatnonzero(np.isfinite(scores[row])):
+            finished[source].append(
+                (float(scores[row, j]), float(log_probs[row, j]), token_ids[row, j, : lengths[row, j]].tolist())
+            )
+
+
+def _kept(state, cross, keep, k):
+    """The search state and encoder-decoder caches of the slots `keep`
+    only: the beams' rows taken from the self-attention caches, and the
+    pending parents (rows of those caches) numbered anew."""
+    index, tokens, parents, sequences, log_probs, finished, count, done, caches = state
+    beam_rows = (keep[:, None] * k + np.arange(k)).reshape(-1)
+    parents = to_numpy(parents)[beam_rows].reshape(-1, k) - (keep[:, None] * k)
+    parents = (np.arange(len(keep))[:, None] * k + parents).reshape(-1).astype("int32")
+    rows, slots = ops.convert_to_tensor(beam_rows, "int32"), ops.convert_to_tensor(keep, "int32")
+    state = (
+        index, take_rows(tokens, rows), parents, take_rows(sequences, slots), take_rows(log_probs, slots),
+        tuple(take_rows(x, slots) for x in finished), take_rows(count, slots), take_rows(done, slots),
+        [(take_rows(keys, rows), take_rows(values, rows)) for keys, values in state[8]],
+    )
+    cross = [(take_rows(keys, slots), take_rows(values, slots)) for keys, values in cross]
+    return state, cross
+
+
+def _grown(state, length):
+    """The search state with `length` positions of self-attention cache
+    and of token ids (zeros after the old ones)."""
+    index, tokens, parents, sequences, log_probs, finished, count, done, caches = state
+    ids, lengths, scores, finished_log_probs = finished
+    return (
+        index, tokens, parents, zero_padded(sequences, 2, length), log_probs,
+        (zero_padded(ids, 2, length), lengths, scores, finished_log_probs), count, done,
+        [(zero_padded(keys, 2, length), zero_padded(values, 2, length)) for keys, values in caches],
+    )
+
+
+def _search_in_parts(parts, search_part, model, sources, max_length_offset, settings, functions):
+    """`search_part` (`_search` or `_search_in_segments`) of `parts` parts
+    of the sources at once, each in a thread of its own
+    (`compiled.concurrent_parts`), the sources interleaved (a batch sorted
+    by length gives each part alike)."""
     groups = [list(range(part, len(sources), parts)) for part in range(parts)]
 
     def search(group):
-        return _search(model, [sources[i] for i in group], max_length_offset, settings, functions)
+        return search_part(model, [sources[i] for i in group], max_length_offset, settings, functions)
 
     with ThreadPoolExecutor(parts) as pool:
         found = list(pool.map(search, groups))

@@ -23,6 +23,7 @@ from keras_transformer.decoding.ensemble import Ensemble
 from keras_transformer.decoding.ensemble import log_mean
 from keras_transformer.decoding.ensemble import probabilities_of
 from keras_transformer.decoding.loop import search_loop
+from keras_transformer.decoding.loop import search_segment
 from keras_transformer.decoding.rules import best_extensions
 from keras_transformer.decoding.rules import never_output_bias
 from keras_transformer.layers.direct_calls import in_place_cache_writes
@@ -111,6 +112,26 @@ def search_loop_function(model, beam_size, num_results, alpha, kind):
             )
 
         loops[key] = compile_for_inference(model, search)
+    return loops[key]
+
+
+def search_segment_function(model, beam_size, num_results, alpha, kind):
+    """`loop.search_segment` of `model` with these settings, compiled for
+    the backend, made once per model and settings: `segment(state,
+    encoder_mask, cross, budgets, min_live)` gives the state after the
+    segment's steps."""
+    if getattr(model, _LOOPS, None) is None:
+        setattr(model, _LOOPS, _CompiledLoops())
+    loops = getattr(model, _LOOPS).by_settings
+    key = ("segment", beam_size, num_results, float(alpha), kind)
+    if key not in loops:
+
+        def segment(state, encoder_mask, cross, budgets, min_live):
+            return search_segment(
+                model, state, encoder_mask, cross, budgets, min_live, beam_size, num_results, float(alpha), kind
+            )
+
+        loops[key] = compile_for_inference(model, segment)
     return loops[key]
 
 

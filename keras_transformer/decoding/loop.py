@@ -1,22 +1,32 @@
-"""Beam search as one loop on the device.
+"""Beam search as loops on the device.
 
-`beam.beam_search` runs the rules of `rules.py` on the host, between
-compiled steps: it drops sources that are done from the batch and grows the
-self-attention cache as outputs grow, which pays off for large batches. For
-a few sentences at a time the host's round trip at every step costs more than
-the step: this module writes the same rules in Keras ops, inside one
-`keras.ops.while_loop` that JAX and TensorFlow compile whole (`jax.jit`, XLA),
-so that a source goes in and its best hypotheses come out. The SavedModel's
-search (`keras_transformer.export`) is this loop too.
+The rules of `rules.py`, written here in Keras ops inside a
+`keras.ops.while_loop` that JAX and TensorFlow compile whole (`jax.jit`,
+XLA), so that no step waits for the host:
 
-What differs from the host search: every source stays in the batch until
-all are done; the cache holds every position from the start; each source
-keeps its `beam_size` best finished hypotheses, not all of them (the results
-and the stopping rule read only those); and scores are float32 (JAX computes
+- `search_loop`: the whole search of a batch, a source in and its best
+  hypotheses out. For a few sentences at a time on JAX and TensorFlow, and
+  in the SavedModel (`keras_transformer.export`).
+- `search_segment`: steps from a given state until the batch should shrink
+  or the cache grow. `beam.beam_search`'s host search of a larger batch on
+  JAX and TensorFlow runs a few segments, dropping done sources from the
+  batch and growing the self-attention cache between them (what pays off
+  for large batches). Run a step a call with the rules on the host
+  (NumPy), as PyTorch runs it, the shipped preset's translations 64 at a
+  time on a 2-core CPU were 1.19-1.23x (float32) and 1.24-1.39x
+  (bfloat16) slower: each call passes the model's weights, and two parts
+  of a batch searched at once waited in turn for Python's interpreter lock
+  to rank their candidates.
+
+What differs from the host search a step a call: each source keeps its
+`beam_size` best finished hypotheses, not all of them (the results and
+the stopping rule read only those); and scores are float32 (JAX computes
 in float32 unless told otherwise), not float64, which can only matter for
-hypotheses whose scores tie to 7 digits.
+hypotheses whose scores tie to 7 digits. `search_loop` also keeps every
+source in the batch until all are done, with a cache of every position
+from the start.
 """
-
+import numpy as np
 from keras import ops
 
 from keras_transformer.decoding.rules import KerasOps
@@ -49,17 +59,114 @@ def search_loop(
         zeros beyond `lengths`), and their scores (log P / lp) and
         log-probabilities, float32.
     """
-    k, n = beam_size, num_results
-    special = model.special_token_ids
-    pad_id, start_id, end_id = special.pad, special.start, special.end
-    never_output = never_output_bias(model)
-    vocabulary_size = model.backbone.vocabulary_size
-    budgets = ops.convert_to_tensor(budgets, "int32")
+    n = num_results
     batch = ops.shape(encoder_ids)[0]
-    width = max_length - 1  # output tokens that fit
     # One row of encoder keys and values a source, which its k beams (rows
     # source * k to source * k + k - 1) all read.
     cross = model.cross_attention_cache(model.encode(encoder_ids, encoder_mask))
+    body = _search_step(model, cross, encoder_mask, budgets, max_length - 1, beam_size, num_results, alpha, kind)
+
+    def cond(index, tokens, parents, sequences, log_probs, finished, count, done, caches):
+        return ~ops.all(done)
+
+    # (Keras ops, not `initial_state`'s NumPy arrays: the SavedModel's batch
+    # size is known only when it runs.)
+    k, width = beam_size, max_length - 1
+    never = ops.convert_to_tensor(float("-inf"), "float32")
+    first = ops.where(ops.arange(k)[None, :] == 0, ops.zeros((batch, k)), never)
+    state = (
+        ops.convert_to_tensor(0, "int32"),
+        ops.full((batch * k,), model.special_token_ids.start, "int32"),
+        ops.arange(batch * k, dtype="int32"),
+        ops.zeros((batch, k, width), "int32"),
+        ops.cast(first, "float32"),
+        (
+            ops.zeros((batch, k, width), "int32"),
+            ops.zeros((batch, k), "int32"),
+            ops.full((batch, k), never, "float32"),
+            ops.full((batch, k), never, "float32"),
+        ),
+        ops.zeros((batch,), "int32"),
+        ops.zeros((batch,), "bool"),
+        [tuple(cache) for cache in model.empty_self_attention_cache(batch * k, max_length)],
+    )
+    final = ops.while_loop(cond, body, state)
+    token_ids, lengths, scores, log_probs = final[5]
+    return token_ids[:, :n], lengths[:, :n], scores[:, :n], log_probs[:, :n]
+
+
+def search_segment(model, state, encoder_mask, cross, budgets, min_live, beam_size, num_results=1, alpha=0.6,
+                   kind="gnmt"):
+    """Steps of `search_loop`'s loop from `state` on, until every source
+    is done, the self-attention cache is full, or at most `min_live`
+    sources are still searching: the host search (`beam.beam_search`)
+    runs a batch as a few such segments, dropping done sources from the
+    batch and growing the cache between them.
+
+    Args:
+        model: a `Seq2SeqDecodingModel`.
+        state: the search's state, as `initial_state` makes it: `(index,
+            tokens, parents, sequences, log_probs, finished, count, done,
+            caches)`, where the token ids (`sequences` and the finished
+            hypotheses') have the self-attention cache's length.
+        encoder_mask: int32 `(batch, source_length)`.
+        cross: the encoder-decoder attention caches, one row a source.
+        budgets: int32 `(batch,)`, each source's output budget.
+        min_live: int32 scalar: the segment ends when at most this many
+            sources are still searching (0: when all are done).
+        beam_size, num_results, alpha, kind: as `search_loop`'s.
+
+    Returns:
+        The state after the last step.
+    """
+    width = ops.shape(state[3])[2]
+    body = _search_step(model, cross, encoder_mask, budgets, width, beam_size, num_results, alpha, kind)
+
+    def cond(index, tokens, parents, sequences, log_probs, finished, count, done, caches):
+        searching = ops.sum(ops.cast(~done, "int32"))
+        return (searching > min_live) & (index < width)
+
+    return ops.while_loop(cond, body, state)
+
+
+def initial_state(model, batch, beam_size, length):
+    """The state of a search of `batch` sources before its first step, as
+    NumPy arrays but for the self-attention caches of `length` positions
+    (`model.empty_self_attention_cache`): `(index, tokens, parents,
+    sequences, log_probs, finished, count, done, caches)`. Only the first
+    beam of a source is live at the start: the others would repeat it."""
+    k = beam_size
+    log_probs = np.full((batch, k), -np.inf, "float32")
+    log_probs[:, 0] = 0.0
+    finished = (
+        np.zeros((batch, k, length), "int32"),
+        np.zeros((batch, k), "int32"),
+        np.full((batch, k), -np.inf, "float32"),
+        np.full((batch, k), -np.inf, "float32"),
+    )
+    return (
+        np.asarray(0, "int32"),
+        np.full((batch * k,), model.special_token_ids.start, "int32"),
+        np.arange(batch * k, dtype="int32"),
+        np.zeros((batch, k, length), "int32"),
+        log_probs,
+        finished,
+        np.zeros((batch,), "int32"),
+        np.zeros((batch,), "bool"),
+        [tuple(cache) for cache in model.empty_self_attention_cache(batch * k, length)],
+    )
+
+
+def _search_step(model, cross, encoder_mask, budgets, width, beam_size, num_results, alpha, kind):
+    """The loop's body: one step of the search's rules (`rules.py`) on the
+    device, for token ids of `width` positions."""
+    k, n = beam_size, num_results
+    special = model.special_token_ids
+    pad_id, end_id = special.pad, special.end
+    never_output = never_output_bias(model)
+    vocabulary_size = model.backbone.vocabulary_size
+    budgets = ops.convert_to_tensor(budgets, "int32")
+    batch = ops.shape(encoder_mask)[0]
     rank = ops.arange(2 * k, dtype="int32")[None, :]
     rows = ops.arange(batch, dtype="int32")
     positions = ops.arange(width, dtype="int32")[None, None, :]
@@ -128,27 +235,4 @@ def search_loop(
         parents = ops.reshape(rows[:, None] * k + new_parents, (-1,))
         return (index + 1, ops.reshape(new_tokens, (-1,)), parents, sequences, log_probs, finished, count, done, caches)
 
-    def cond(index, tokens, parents, sequences, log_probs, finished, count, done, caches):
-        return ~ops.all(done)
-
-    # Only the first beam is live at the start: the others would repeat it.
-    first = ops.where(ops.arange(k)[None, :] == 0, ops.zeros((batch, k)), never)
-    state = (
-        ops.convert_to_tensor(0, "int32"),
-        ops.full((batch * k,), start_id, "int32"),
-        ops.arange(batch * k, dtype="int32"),
-        ops.zeros((batch, k, width), "int32"),
-        ops.cast(first, "float32"),
-        (
-            ops.zeros((batch, k, width), "int32"),
-            ops.zeros((batch, k), "int32"),
-            ops.full((batch, k), never, "float32"),
-            ops.full((batch, k), never, "float32"),
-        ),
-        ops.zeros((batch,), "int32"),
-        ops.zeros((batch,), "bool"),
-        [tuple(cache) for cache in model.empty_self_attention_cache(batch * k, max_length)],
-    )
-    final = ops.while_loop(cond, body, state)
-    token_ids, lengths, scores, log_probs = final[5]
-    return token_ids[:, :n], lengths[:, :n], scores[:, :n], log_probs[:, :n]
+    return body
