@@ -10,7 +10,7 @@ own process) and batch size, both translate the same test_2016_flickr
 sources with beam 4 and alpha 0.6, back to back; each timing is a second
 pass, after one that compiles. The last column counts the sources whose
 best translations are the same. `generate` picks the loop for batches of up
-to `beam.LOOP_BATCH_SIZE` sources, from this table.
+to `beam.loop_batch_size(model)` sources, from such tables.
 """
 
 import argparse

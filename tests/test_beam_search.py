@@ -10,7 +10,7 @@ import pytest
 from keras import ops
 
 from keras_transformer.decoding import greedy_search
-from keras_transformer.decoding.beam import LOOP_BATCH_SIZE
+from keras_transformer.decoding.beam import loop_batch_size
 from keras_transformer.decoding.beam import beam_search
 from keras_transformer.decoding.beam import length_penalty
 from keras_transformer.models import TransformerBackbone
@@ -350,7 +350,7 @@ def test_a_few_sentences_at_a_time_run_in_one_loop_where_the_backend_compiles_it
         assert compiled_loops and getattr(model, "_decoding_functions", None) is None
     else:
         assert not compiled_loops and getattr(model, "_decoding_functions", None) is not None
-    beam_search(model, sources * (LOOP_BATCH_SIZE + 1))  # a larger batch: the host loop
+    beam_search(model, sources * (loop_batch_size(model) + 1))  # a larger batch: the host search
     assert getattr(model, "_decoding_functions", None) is not None
 
 

@@ -31,6 +31,7 @@ import functools
 from concurrent.futures import ThreadPoolExecutor
 from typing import NamedTuple
 
+import keras
 import numpy as np
 from keras import ops
 
@@ -58,13 +59,21 @@ _penalty = length_penalty  # `beam_search`'s argument of the same name hides it
 CACHE_CHUNK = 16
 
 # Batches of at most this many sources run in one compiled loop where the
-# backend compiles one (`loop.py`): for them the host's round trip at every
-# step costs more than what the host loop saves by dropping finished
-# sources from the batch and growing the cache as outputs grow. Measured
-# by benchmarks/loop_vs_host.py (beam 4, Multi30k, 2 CPU cores), loop /
-# host: batch 1 1.2-1.4x (JAX) and 2.4x (TensorFlow), batch 4 0.75-1.1x
-# and 1.6x, batch 16 0.8x and 0.9x.
-LOOP_BATCH_SIZE = 4
+# backend compiles one (`loop.py`), by backend: for them the host search's
+# calls cost more than what it saves by dropping finished sources from the
+# batch and growing the cache as outputs grow. The host search in segments
+# (`_search_in_segments`), the preset's first model, test_2016_flickr,
+# beam 4, 2-core AMD EPYC, loop's time / segments' (three alternating
+# pairs): JAX batch 1 0.82-0.94, batch 2 0.95-1.21, batch 4 1.30-1.39;
+# TensorFlow batch 1 0.71-0.80, batch 2 0.70-0.82, batch 4 0.93-1.09.
+LOOP_BATCH_SIZES = {"jax": 1, "tensorflow": 4}
+
+# The same for an ensemble (`decoding.ensemble.Ensemble`), whose host
+# search runs a step a call (segments would compile every model's step into
+# one program). Measured by benchmarks/loop_vs_host.py with a step a call
+# (beam 4, Multi30k, 2 CPU cores), loop / host speed: batch 1 1.2-1.4x (JAX)
+# and 2.4x (TensorFlow), batch 4 0.75-1.1x and 1.6x, batch 16 0.8x and 0.9x.
+ENSEMBLE_LOOP_BATCH_SIZE = 4
 
 # Where steps are compiled for each shape, batches shrink to no fewer slots
 # than this: each smaller size would compile every step shape again (for
@@ -154,7 +163,7 @@ def beam_search(
             `step` is given `beam_size=beam_size`.
         in_loop: run the whole search in one compiled loop (`loop.py`):
             by default on JAX and TensorFlow for batches of at most
-            `LOOP_BATCH_SIZE` sources; `False` runs the host search.
+            `loop_batch_size(model)` sources; `False` runs the host search.
 
     Returns:
         For each source, a list of `num_results` `(token_ids, score,
@@ -173,7 +182,7 @@ def beam_search(
         beam_size, num_results, alpha, length_penalty, model.special_token_ids.end, model.backbone.vocabulary_size
     )
     if in_loop is None:
-        in_loop = functions is None and compiles_whole_loops() and len(rows) <= LOOP_BATCH_SIZE
+        in_loop = functions is None and compiles_whole_loops() and len(rows) <= loop_batch_size(model)
     if in_loop:
         search = _search_in_loop
     elif functions is None and compiles_whole_loops() and not isinstance(model, Ensemble):
@@ -193,6 +202,17 @@ def beam_search(
         ranked = sorted(finished[source], key=lambda item: -item[0])[:num_results]
         results[i] = [(ids, float(score), float(log_prob)) for score, log_prob, ids in ranked]
     return results
+
+
+def loop_batch_size(model):
+    """The largest batch that `beam_search` runs in one compiled loop by
+    default (`LOOP_BATCH_SIZES`, `ENSEMBLE_LOOP_BATCH_SIZE`); 0 where the
+    backend compiles no loop (PyTorch)."""
+    if not compiles_whole_loops():
+        return 0
+    if isinstance(model, Ensemble):
+        return ENSEMBLE_LOOP_BATCH_SIZE
+    return LOOP_BATCH_SIZES[keras.config.backend()]
 
 
 def _search(model, sources, max_length_offset, settings, functions):
