@@ -1,0 +1,157 @@
+"""This package against CTranslate2 in alternating passes, each engine warm
+in a process of its own.
+
+    python benchmarks/alternate_ctranslate2.py --preset transformer_multi30k_en_de \
+        --data-dir PATH/TO/multi30k --sentences 1000 --passes 5 --backends jax --dtypes float32,bfloat16
+
+`decode.py --ctranslate2` times each engine once, one after another, and
+CTranslate2 again after each backend; on a shared host the machine's speed
+drifts within minutes, and the same code's ratios moved by a tenth between
+runs. Here CTranslate2 (float32, one thread a core) and this package (each
+backend and dtype asked for) load once, each in a process of its own, warm
+up with a pass, and then take passes in turn, the order reversed at every
+other round, so that a slow spell of the host falls on all of them alike.
+Each pass translates the same test_2016_flickr sentences from text to text
+(the preset's tokenizer for both, as in `decode.py --ctranslate2`), 64 at
+a time, with beam 4 and log P / |Y|^0.6, at most source length + 50
+tokens. The table gives each engine's median time, and CTranslate2's time
+over the engine's in each round (above 1: faster than CTranslate2) with
+their median; BLEU is sacreBLEU's cased score of the engine's last pass.
+"""
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from anchor_ctranslate2 import ALPHA  # noqa: E402
+from anchor_ctranslate2 import BEAM  # noqa: E402
+from anchor_ctranslate2 import OFFSET  # noqa: E402
+from anchor_ctranslate2 import _sources  # noqa: E402
+from anchor_ctranslate2 import processor  # noqa: E402
+
+
+def worker(args):
+    """One engine: warms up, prints `ready`, then times a pass for each
+    line read, printing its seconds; at the end of its input prints the
+    last pass's BLEU as JSON."""
+    import sacrebleu
+
+    engine, _, dtype = args.engine.partition(":")
+    model, sources, references = _sources(args.preset, args.data_dir, args.sentences)
+    if engine == "ctranslate2":
+        import ctranslate2
+
+        translator = ctranslate2.Translator(args.directory, device="cpu", intra_threads=os.cpu_count() or 1)
+        tokenizer = model.preprocessor.tokenizer
+
+        def translate(texts):
+            batch = [[tokenizer.id_to_token(i) for i in row] for row in model.preprocessor.generate_preprocess(texts)]
+            results = translator.translate_batch(batch, beam_size=BEAM, length_penalty=ALPHA,
+                                                 max_decoding_length=max(map(len, batch)) + OFFSET,
+                                                 max_batch_size=len(batch))
+            return model.preprocessor.generate_postprocess(
+                [[tokenizer.token_to_id(t) for t in r.hypotheses[0]] for r in results])
+    else:
+        if dtype == "int8":
+            model.quantize("int8")
+        elif dtype == "bfloat16":
+            from keras_transformer.models import TransformerSeq2SeqLM
+
+            model = TransformerSeq2SeqLM.from_preset(args.preset, dtype="bfloat16")
+            model.set_ensemble_members([])  # the first model alone, as CTranslate2 holds
+
+        def translate(texts):
+            return model.generate(texts, beam_size=BEAM, alpha=ALPHA, length_penalty="length",
+                                  max_length_offset=OFFSET, batch_size=len(texts))
+
+    batches = [sources[i : i + args.batch_size] for i in range(0, len(sources), args.batch_size)]
+
+    def one_pass():
+        return [output for batch in batches for output in translate(batch)]
+
+    outputs = one_pass()  # compiles, warms up
+    print("ready", flush=True)
+    for _ in sys.stdin:
+        start = time.perf_counter()
+        outputs = one_pass()
+        print(time.perf_counter() - start, flush=True)
+    print(json.dumps({"bleu": sacrebleu.corpus_bleu(outputs, [references]).score}), flush=True)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--preset", required=True, help="a trained TransformerSeq2SeqLM preset (name or directory)")
+    parser.add_argument("--data-dir", default=os.environ.get("KERAS_TRANSFORMER_MULTI30K"))
+    parser.add_argument("--sentences", type=int, default=1000, help="test_2016_flickr sentences a pass")
+    parser.add_argument("--batch-size", type=int, default=64)
+    parser.add_argument("--passes", type=int, default=5, help="timed passes of each engine")
+    parser.add_argument("--backends", default="jax,tensorflow,torch")
+    parser.add_argument("--dtypes", default="float32,bfloat16", help="this package's: float32, bfloat16, int8")
+    parser.add_argument("--engine", help=argparse.SUPPRESS)
+    parser.add_argument("--directory", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    from keras_transformer.utils.memory import reuse_freed_memory
+
+    reuse_freed_memory()  # in every engine's process, as `keras-transformer translate` does
+    if args.engine:
+        if args.engine == "ctranslate2":
+            # CTranslate2 without TensorFlow in its process (see `anchor_ctranslate2.compare`).
+            from keras_transformer.utils.tensorflow_free import skip_tensorflow
+
+            skip_tensorflow()
+        return worker(args)
+    if not args.data_dir:
+        sys.exit("Pass --data-dir (the Multi30k directory) or set KERAS_TRANSFORMER_MULTI30K.")
+    print(f"processor: {processor()}; preset {args.preset}; {args.sentences} sentences {args.batch_size} at a "
+          f"time, beam {BEAM}, log P / |Y|^{ALPHA}; {args.passes} alternating passes", flush=True)
+    with tempfile.TemporaryDirectory() as root:
+        print("converting for CTranslate2 ...", file=sys.stderr, flush=True)
+        from anchor_ctranslate2 import convert
+
+        directory = convert(args.preset, root)["float32"]
+        engines = {"CTranslate2 float32": ("ctranslate2", "jax")}
+        for backend in args.backends.split(","):
+            for dtype in args.dtypes.split(","):
+                engines[f"keras_transformer ({backend}) {dtype}"] = (f"{backend}:{dtype}", backend)
+        processes = {}
+        common = ["--preset", args.preset, "--data-dir", args.data_dir, "--sentences", str(args.sentences),
+                  "--batch-size", str(args.batch_size), "--directory", directory]
+        for name, (engine, backend) in engines.items():
+            print(f"loading {name} ...", file=sys.stderr, flush=True)
+            env = {**os.environ, "KERAS_BACKEND": backend, "TF_CPP_MIN_LOG_LEVEL": "3"}
+            process = subprocess.Popen([sys.executable, os.path.abspath(__file__), "--engine", engine, *common],
+                                       env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+            if process.stdout.readline().strip() != "ready":
+                sys.exit(f"The {name} worker failed (its errors above).")
+            processes[name] = process
+        times = {name: [] for name in processes}
+        for round_ in range(args.passes):
+            print(f"round {round_ + 1} of {args.passes} ...", file=sys.stderr, flush=True)
+            for name in list(processes)[:: 1 if round_ % 2 == 0 else -1]:
+                processes[name].stdin.write("pass\n")
+                processes[name].stdin.flush()
+                times[name].append(float(processes[name].stdout.readline()))
+        bleu = {}
+        for name, process in processes.items():
+            process.stdin.close()
+            bleu[name] = json.loads(process.stdout.readline())["bleu"]
+            process.wait()
+    peer = times["CTranslate2 float32"]
+    print("| engine | median time (s) | sentences/s | CT2 fp32 time / time, each round | median | BLEU |")
+    print("| --- | ---: | ---: | --- | ---: | ---: |")
+    for name, seconds in times.items():
+        ratios = [p / s for p, s in zip(peer, seconds)]
+        median = statistics.median(seconds)
+        print(f"| {name} | {median:.2f} | {args.sentences / median:.1f} | {', '.join(f'{r:.2f}' for r in ratios)} "
+              f"| {statistics.median(ratios):.2f}x | {bleu[name]:.1f} |")
+
+
+if __name__ == "__main__":
+    main()
