@@ -99,20 +99,14 @@ def search_loop_function(model, beam_size, num_results, alpha, kind):
     encoder_mask, budgets, positions)` gives `(token_ids, lengths, scores,
     log_probs)`; `positions`, any int32 vector, has the length of the
     self-attention cache (so that it is a shape, which compilers see)."""
-    if getattr(model, _LOOPS, None) is None:
-        setattr(model, _LOOPS, _CompiledLoops())
-    loops = getattr(model, _LOOPS).by_settings
-    key = (beam_size, num_results, float(alpha), kind)
-    if key not in loops:
 
-        def search(encoder_ids, encoder_mask, budgets, positions):
-            return search_loop(
-                model, encoder_ids, encoder_mask, budgets, ops.shape(positions)[0], beam_size, num_results,
-                float(alpha), kind,
-            )
+    def search(encoder_ids, encoder_mask, budgets, positions):
+        return search_loop(
+            model, encoder_ids, encoder_mask, budgets, ops.shape(positions)[0], beam_size, num_results,
+            float(alpha), kind,
+        )
 
-        loops[key] = compile_for_inference(model, search)
-    return loops[key]
+    return _compiled_once(model, ("loop", beam_size, num_results, float(alpha), kind), search)
 
 
 def search_segment_function(model, beam_size, num_results, alpha, kind):
@@ -120,18 +114,23 @@ def search_segment_function(model, beam_size, num_results, alpha, kind):
     the backend, made once per model and settings: `segment(state,
     encoder_mask, cross, budgets, min_live)` gives the state after the
     segment's steps."""
+
+    def segment(state, encoder_mask, cross, budgets, min_live):
+        return search_segment(
+            model, state, encoder_mask, cross, budgets, min_live, beam_size, num_results, float(alpha), kind
+        )
+
+    return _compiled_once(model, ("segment", beam_size, num_results, float(alpha), kind), segment)
+
+
+def _compiled_once(model, key, function):
+    """`function` compiled for the backend (`compile_for_inference`), kept
+    on `model` under `key`: compiled once per model and key."""
     if getattr(model, _LOOPS, None) is None:
         setattr(model, _LOOPS, _CompiledLoops())
     loops = getattr(model, _LOOPS).by_settings
-    key = ("segment", beam_size, num_results, float(alpha), kind)
     if key not in loops:
-
-        def segment(state, encoder_mask, cross, budgets, min_live):
-            return search_segment(
-                model, state, encoder_mask, cross, budgets, min_live, beam_size, num_results, float(alpha), kind
-            )
-
-        loops[key] = compile_for_inference(model, segment)
+        loops[key] = compile_for_inference(model, function)
     return loops[key]
 
 
