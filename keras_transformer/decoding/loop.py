@@ -26,7 +26,6 @@ hypotheses whose scores tie to 7 digits. `search_loop` also keeps every
 source in the batch until all are done, with a cache of every position
 from the start.
 """
-import numpy as np
 from keras import ops
 
 from keras_transformer.decoding.rules import KerasOps
@@ -69,27 +68,7 @@ def search_loop(
     def cond(index, tokens, parents, sequences, log_probs, finished, count, done, caches):
         return ~ops.all(done)
 
-    # (Keras ops, not `initial_state`'s NumPy arrays: the SavedModel's batch
-    # size is known only when it runs.)
-    k, width = beam_size, max_length - 1
-    never = ops.convert_to_tensor(float("-inf"), "float32")
-    first = ops.where(ops.arange(k)[None, :] == 0, ops.zeros((batch, k)), never)
-    state = (
-        ops.convert_to_tensor(0, "int32"),
-        ops.full((batch * k,), model.special_token_ids.start, "int32"),
-        ops.arange(batch * k, dtype="int32"),
-        ops.zeros((batch, k, width), "int32"),
-        ops.cast(first, "float32"),
-        (
-            ops.zeros((batch, k, width), "int32"),
-            ops.zeros((batch, k), "int32"),
-            ops.full((batch, k), never, "float32"),
-            ops.full((batch, k), never, "float32"),
-        ),
-        ops.zeros((batch,), "int32"),
-        ops.zeros((batch,), "bool"),
-        [tuple(cache) for cache in model.empty_self_attention_cache(batch * k, max_length)],
-    )
+    state = initial_state(model, batch, beam_size, max_length, width=max_length - 1)
     final = ops.while_loop(cond, body, state)
     token_ids, lengths, scores, log_probs = final[5]
     return token_ids[:, :n], lengths[:, :n], scores[:, :n], log_probs[:, :n]
@@ -129,30 +108,31 @@ def search_segment(model, state, encoder_mask, cross, budgets, min_live, beam_si
     return ops.while_loop(cond, body, state)
 
 
-def initial_state(model, batch, beam_size, length):
-    """The state of a search of `batch` sources before its first step, as
-    NumPy arrays but for the self-attention caches of `length` positions
-    (`model.empty_self_attention_cache`): `(index, tokens, parents,
-    sequences, log_probs, finished, count, done, caches)`. Only the first
+def initial_state(model, batch, beam_size, length, width=None):
+    """The state of a search of `batch` sources before its first step:
+    `(index, tokens, parents, sequences, log_probs, finished, count, done,
+    caches)`, with self-attention caches of `length` positions
+    (`model.empty_self_attention_cache`) and token ids of `width` (by
+    default `length`). Keras ops, so that `batch` may be a tensor (the
+    SavedModel's batch size is known only when it runs). Only the first
     beam of a source is live at the start: the others would repeat it."""
-    k = beam_size
-    log_probs = np.full((batch, k), -np.inf, "float32")
-    log_probs[:, 0] = 0.0
-    finished = (
-        np.zeros((batch, k, length), "int32"),
-        np.zeros((batch, k), "int32"),
-        np.full((batch, k), -np.inf, "float32"),
-        np.full((batch, k), -np.inf, "float32"),
-    )
+    k, width = beam_size, length if width is None else width
+    never = ops.convert_to_tensor(float("-inf"), "float32")
+    first = ops.where(ops.arange(k)[None, :] == 0, ops.zeros((batch, k)), never)
     return (
-        np.asarray(0, "int32"),
-        np.full((batch * k,), model.special_token_ids.start, "int32"),
-        np.arange(batch * k, dtype="int32"),
-        np.zeros((batch, k, length), "int32"),
-        log_probs,
-        finished,
-        np.zeros((batch,), "int32"),
-        np.zeros((batch,), "bool"),
+        ops.convert_to_tensor(0, "int32"),
+        ops.full((batch * k,), model.special_token_ids.start, "int32"),
+        ops.arange(batch * k, dtype="int32"),
+        ops.zeros((batch, k, width), "int32"),
+        ops.cast(first, "float32"),
+        (
+            ops.zeros((batch, k, width), "int32"),
+            ops.zeros((batch, k), "int32"),
+            ops.full((batch, k), never, "float32"),
+            ops.full((batch, k), never, "float32"),
+        ),
+        ops.zeros((batch,), "int32"),
+        ops.zeros((batch,), "bool"),
         [tuple(cache) for cache in model.empty_self_attention_cache(batch * k, length)],
     )
 
