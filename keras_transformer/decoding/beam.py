@@ -112,11 +112,15 @@ def pad_sources(sources, pad_id, max_length=None, multiple=8):
 
 def _grow_self_attention_cache(cache, length):
     """Zero-pads every self-attention key/value cache, `(batch, heads,
-    positions, d)`, to `length` positions."""
+    positions, d)`, to `length` positions (the encoder-decoder caches as
+    they are)."""
+    return list(zip(_padded([self_cache for self_cache, _ in cache], length), [cross for _, cross in cache]))
 
-    return [
-        ((zero_padded(keys, 2, length), zero_padded(values, 2, length)), cross) for (keys, values), cross in cache
-    ]
+
+def _padded(caches, length):
+    """Each `(keys, values)` cache, `(batch, heads, positions, d)`,
+    zero-padded to `length` positions."""
+    return [(zero_padded(keys, 2, length), zero_padded(values, 2, length)) for keys, values in caches]
 
 
 def round_up(value, multiple):
@@ -396,7 +400,7 @@ def _grown(state, length):
     return (
         index, tokens, parents, zero_padded(sequences, 2, length), log_probs,
         (zero_padded(ids, 2, length), lengths, scores, finished_log_probs), count, done,
-        [(zero_padded(keys, 2, length), zero_padded(values, 2, length)) for keys, values in caches],
+        _padded(caches, length),
     )
 
 
