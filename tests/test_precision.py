@@ -174,3 +174,88 @@ def test_compiled_bfloat16_projections_multiply_into_float32_on_xla():
         assert len(products) >= 5 and all(op.get_attr("Tout") == tf.float32 for op in products)
         # The float32 logits of the output projection.
         assert outputs[3].dtype == np.float32 and compiled(x)[3].dtype == tf.float32
+
+
+@pytest.mark.skipif(keras.config.backend() != "jax", reason="JAX's bfloat16 products and their gradient")
+def test_mixed_precision_gradients_on_jax_are_bfloat16_products_into_float32():
+    """Training in mixed_bfloat16 on JAX (CPU), every projection and its
+    two gradient products multiply bfloat16 operands into float32
+    (`direct_calls.bfloat16_product`: into bfloat16, or with a float32
+    operand, XLA's CPU code multiplies at its float32 rate). The gradients
+    are NumPy's float64 products of the same bfloat16 values, rounded to
+    bfloat16: the output's gradient rounded first, as Keras' mixed
+    precision rounds it."""
+    import jax
+    import ml_dtypes
+
+    from keras_transformer.layers.direct_calls import Dense
+    from keras_transformer.layers.direct_calls import EinsumDense
+
+    keras.utils.set_random_seed(5)
+    rng = np.random.default_rng(0)
+    layers = [
+        Dense(24, dtype="mixed_bfloat16"),
+        EinsumDense("btnh,nhd->btd", (None, 8), bias_axes="d", dtype="mixed_bfloat16"),
+        SharedTokenEmbedding(vocabulary_size=40, d_model=8, dtype="mixed_bfloat16"),
+    ]
+    shapes = [(2, 5, 8), (2, 5, 3, 4), (2, 5, 8)]
+
+    def bf16(values):
+        return np.asarray(values, "float32").astype(ml_dtypes.bfloat16).astype("float64")
+
+    for layer, shape in zip(layers, shapes):
+        reverse = isinstance(layer, SharedTokenEmbedding)
+        model = keras.Sequential([keras.Input(shape[1:]), layer]) if not reverse else None
+        if reverse:
+            layer.build()
+        x = rng.normal(size=shape).astype("float32")
+        kernel = layer.embeddings if reverse else layer.kernel
+        weights = [v.value for v in layer.trainable_variables]
+        upstream = None
+
+        def loss(weights, x):
+            if reverse:
+                with keras.StatelessScope(list(zip(layer.trainable_variables, weights))):
+                    outputs = layer(x, reverse=True)
+            else:
+                outputs, _ = model.stateless_call(weights, [], x)
+            assert keras.backend.standardize_dtype(outputs.dtype) == "bfloat16"
+            return keras.ops.sum(keras.ops.cast(outputs, "float32") * upstream)
+
+        out_shape = (2, 5, 40) if reverse else (2, 5, 24) if shape == (2, 5, 8) else (2, 5, 8)
+        upstream = rng.normal(size=out_shape).astype("float32")
+        gradient = jax.grad(loss, argnums=(0, 1))(weights, x)
+        products = _products(jax.make_jaxpr(jax.grad(loss, argnums=(0, 1)))(weights, x).jaxpr)
+        # The forward product and the two of its gradient.
+        assert [operands for operands, _ in products] == [("bfloat16", "bfloat16")] * 3, products
+        assert all(result == "float32" for _, result in products), products
+
+        xs, g = bf16(x), bf16(upstream)
+        w = bf16(keras.ops.convert_to_numpy(kernel.value))
+        if reverse:
+            w = w.T  # the embeddings' product as a (d_model, vocabulary) kernel
+        size = int(np.prod(w.shape[: xs.ndim - 2]))  # the contracted axes: all of x's but (batch, time)
+        x_rows, w_matrix, g_rows = xs.reshape(10, size), w.reshape(size, -1), g.reshape(10, -1)
+        expected_x = bf16(g_rows @ w_matrix.T).reshape(shape)
+        expected_kernel = bf16(x_rows.T @ g_rows).reshape(w.shape)
+        if reverse:
+            expected_kernel = expected_kernel.T
+        got_kernel = keras.ops.convert_to_numpy(gradient[0][0])
+        # (One bfloat16 step apart at most, where float32 sums in another order round to the other side.)
+        np.testing.assert_allclose(keras.ops.convert_to_numpy(gradient[1]), expected_x, rtol=2**-7, atol=1e-6)
+        np.testing.assert_allclose(got_kernel, expected_kernel, rtol=2**-7, atol=1e-6)
+
+
+def _products(jaxpr):
+    """The `dot_general` equations of a jaxpr (and the jaxprs inside it):
+    `((operand dtypes), result dtype)` each."""
+    import jax
+
+    found = []
+    for equation in jaxpr.eqns:
+        if equation.primitive.name == "dot_general":
+            operands = tuple(str(variable.aval.dtype) for variable in equation.invars)
+            found.append((operands, str(equation.outvars[0].aval.dtype)))
+        for inner in jax.core.jaxprs_in_params(equation.params):
+            found.extend(_products(inner))
+    return found

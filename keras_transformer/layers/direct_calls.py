@@ -149,10 +149,11 @@ def xla_decoding():
 
 def bfloat16_products_in_float32(layer, inputs, kernel):
     """Whether `layer`'s product of `inputs` by `kernel` goes through
-    `bfloat16_product`: inside `xla_decoding()`, on JAX or TensorFlow on
-    a CPU, bfloat16 inputs and kernel, no quantization or LoRA."""
+    `bfloat16_product`: bfloat16 inputs and kernel (also a float32 kernel
+    cast in mixed precision), no quantization or LoRA, on a CPU, on JAX
+    (training and inference) or inside `xla_decoding()` on TensorFlow."""
     return (
-        getattr(_state, "xla_decoding", False)
+        (getattr(_state, "xla_decoding", False) or keras.config.backend() == "jax")
         and layer.quantization_mode is None
         and not getattr(layer, "lora_enabled", False)
         and keras.backend.standardize_dtype(inputs.dtype) == "bfloat16"
@@ -183,11 +184,7 @@ def bfloat16_product(x, kernel, contracted=1):
     """
     rows = len(x.shape) - contracted
     if keras.config.backend() == "jax":
-        import jax
-        import jax.numpy as jnp
-
-        axes = ((tuple(range(rows, len(x.shape))), tuple(range(contracted))), ((), ()))
-        return jax.lax.dot_general(x, kernel, axes, preferred_element_type=jnp.float32)
+        return _jax_bfloat16_product()(x, kernel, contracted)
     import tensorflow as tf
 
     size = math.prod(kernel.shape[:contracted])
@@ -195,6 +192,57 @@ def bfloat16_product(x, kernel, contracted=1):
         x=tf.reshape(x, (-1, size)), y=tf.reshape(kernel, (size, -1)), Tout=tf.float32
     )
     return tf.reshape(product, tf.concat([tf.shape(x)[:rows], kernel.shape[contracted:]], 0))
+
+
+@functools.cache
+def _jax_bfloat16_product():
+    """`bfloat16_product` on JAX, `(x, kernel, contracted)`, with a gradient
+    of the same kind of products (for mixed-precision training).
+
+    JAX's own gradient of a product into float32 multiplies the float32
+    gradient by a bfloat16 operand: XLA converts that operand to float32
+    and multiplies at its float32 rate. Here the gradient is rounded to
+    bfloat16 first (as a product into bfloat16, Keras' mixed precision,
+    would have rounded it) and both gradient products are bfloat16 into
+    float32 too. XLA's CPU code multiplies bfloat16 at the fast rate only
+    where the left operand contracts its last axis: the kernel's gradient
+    (`x` transposed, times the gradient) takes the transpose of `x` as rows
+    gathered from it, a copy XLA cannot fold back into the product as it
+    folds a transpose (forward and backward together, 2-core AMD EPYC with
+    avx512_bf16, 4,096 rows: 256 x 1,024 13.2 ms against 21.8 in float32,
+    256 x 8,000 90 against 164).
+    """
+    import jax
+    import jax.numpy as jnp
+
+    def product(x, kernel, contracted):
+        rows = x.ndim - contracted
+        axes = ((tuple(range(rows, x.ndim)), tuple(range(contracted))), ((), ()))
+        return jax.lax.dot_general(x, kernel, axes, preferred_element_type=jnp.float32)
+
+    @functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
+    def bfloat16_product(x, kernel, contracted):
+        return product(x, kernel, contracted)
+
+    def forward(x, kernel, contracted):
+        return product(x, kernel, contracted), (x, kernel)
+
+    def backward(contracted, saved, gradient):
+        x, kernel = saved
+        size = math.prod(kernel.shape[:contracted])
+        x_rows = x.reshape(-1, size)  # (rows, size)
+        matrix = kernel.reshape(size, -1)  # (size, outputs)
+        gradient = gradient.astype(jnp.bfloat16).reshape(x_rows.shape[0], -1)
+        x_gradient = product(gradient, matrix.T, 1)
+        x_columns = jnp.take(x_rows.T, jnp.arange(size), axis=0)  # (size, rows), a copy
+        kernel_gradient = product(x_columns, gradient, 1)
+        return (
+            x_gradient.reshape(x.shape).astype(x.dtype),
+            kernel_gradient.reshape(kernel.shape).astype(kernel.dtype),
+        )
+
+    bfloat16_product.defvjp(forward, backward)
+    return bfloat16_product
 
 
 def float32_product(x, y):

@@ -246,12 +246,20 @@ class SharedTokenEmbedding(DirectCall, keras.layers.ReversibleEmbedding):
                 # on PyTorch, 15-34 ms in bfloat16). It runs in the compute
                 # dtype, as every other projection does; the loss casts the
                 # logits to float32.
-                kernel = ops.cast(self.embeddings, self.compute_dtype)
-                logits = ops.matmul(ops.cast(inputs, self.compute_dtype), ops.transpose(kernel))
+                kernel = ops.transpose(ops.cast(self.embeddings, self.compute_dtype))
+                inputs = ops.cast(inputs, self.compute_dtype)
+                if bfloat16_products_in_float32(self, inputs, kernel):
+                    # (Into float32, rounded once after the bias, as the
+                    # other projections on JAX: `bfloat16_product`.)
+                    logits = bfloat16_product(inputs, kernel)
+                else:
+                    logits = ops.matmul(inputs, kernel)
             else:
                 logits = embedding_call(inputs, reverse=True)
             if self.logits_bias is not None:
                 logits = logits + ops.cast(self.logits_bias, logits.dtype)
+            if self.quantization_mode is None and self.compute_dtype != self.variable_dtype:
+                logits = ops.cast(logits, self.compute_dtype)
             return logits
         dtype = keras.backend.standardize_dtype(inputs.dtype)
         if "int" not in dtype:
