@@ -697,6 +697,40 @@ def test_output_columns_are_the_embeddings_transposed_where_xla_decodes_on_a_cpu
     assert embedding.output_columns() is None
 
 
+@pytest.mark.skipif(keras.config.backend() != "tensorflow", reason="TensorFlow's loops (JAX passes the copy in)")
+def test_tensorflow_loops_project_through_a_transposed_copy_made_in_the_function():
+    """In a function TensorFlow compiles, `loop_output_columns` binds the
+    output projection to the embeddings transposed, made in the function
+    (so that a loop's steps read that layout and the copy follows the
+    weights); the logits are the float32 product and the bias. Run
+    eagerly, it binds nothing."""
+    import tensorflow as tf
+
+    from keras_transformer.decoding.compiled import loop_output_columns
+    from keras_transformer.layers.direct_calls import output_columns_of
+
+    model = tiny_model(seed=3, output_bias=True)
+    embedding = model.backbone.token_embedding
+    embedding.logits_bias.assign(np.random.default_rng(1).normal(size=(VOCABULARY,)).astype("float32"))
+    hidden = np.random.default_rng(0).normal(size=(3, 16)).astype("float32")
+    bound = []
+
+    @tf.function(jit_compile=True, autograph=False)
+    def project(hidden):
+        with loop_output_columns(model):
+            bound.append(output_columns_of(embedding))
+            return embedding(hidden, reverse=True)
+
+    logits = ops.convert_to_numpy(project(hidden))
+    assert bound[0] is not None and tuple(bound[0].shape) == (16, VOCABULARY)
+    assert bound[0].op.type == "Transpose"
+    weights = ops.convert_to_numpy(embedding.embeddings)
+    expected = hidden @ weights.T + ops.convert_to_numpy(embedding.logits_bias)
+    np.testing.assert_allclose(logits, expected, rtol=1e-5, atol=1e-5)
+    with loop_output_columns(model):
+        assert output_columns_of(embedding) is None
+
+
 def test_compiled_functions_read_the_weights_as_variable_value_gives_them():
     """`compiled._values`, which reads variables directly outside Keras'
     scopes, gives what `Variable.value` gives: the weights, the scope's

@@ -197,8 +197,9 @@ def test_mixed_precision_gradients_on_jax_are_bfloat16_products_into_float32():
         Dense(24, dtype="mixed_bfloat16"),
         EinsumDense("btnh,nhd->btd", (None, 8), bias_axes="d", dtype="mixed_bfloat16"),
         SharedTokenEmbedding(vocabulary_size=40, d_model=8, dtype="mixed_bfloat16"),
+        Dense(8, dtype="mixed_bfloat16"),  # (a wide input: 600 contracted)
     ]
-    shapes = [(2, 5, 8), (2, 5, 3, 4), (2, 5, 8)]
+    shapes = [(2, 5, 8), (2, 5, 3, 4), (2, 5, 8), (2, 5, 600)]
 
     def bf16(values):
         return np.asarray(values, "float32").astype(ml_dtypes.bfloat16).astype("float64")
@@ -222,7 +223,7 @@ def test_mixed_precision_gradients_on_jax_are_bfloat16_products_into_float32():
             assert keras.backend.standardize_dtype(outputs.dtype) == "bfloat16"
             return keras.ops.sum(keras.ops.cast(outputs, "float32") * upstream)
 
-        out_shape = (2, 5, 40) if reverse else (2, 5, 24) if shape == (2, 5, 8) else (2, 5, 8)
+        out_shape = (2, 5, 40) if reverse else (2, 5, layer.units if hasattr(layer, "units") else 8)
         upstream = rng.normal(size=out_shape).astype("float32")
         gradient = jax.grad(loss, argnums=(0, 1))(weights, x)
         products = _products(jax.make_jaxpr(jax.grad(loss, argnums=(0, 1)))(weights, x).jaxpr)

@@ -28,6 +28,7 @@ from the start.
 """
 from keras import ops
 
+from keras_transformer.decoding.compiled import loop_output_columns
 from keras_transformer.decoding.rules import KerasOps
 from keras_transformer.decoding.rules import best_extensions
 from keras_transformer.decoding.rules import length_penalty
@@ -69,7 +70,8 @@ def search_loop(
         return ~ops.all(done)
 
     state = initial_state(model, batch, beam_size, max_length, width=max_length - 1)
-    final = ops.while_loop(cond, body, state)
+    with loop_output_columns(model):
+        final = ops.while_loop(cond, body, state)
     token_ids, lengths, scores, log_probs = final[5]
     return token_ids[:, :n], lengths[:, :n], scores[:, :n], log_probs[:, :n]
 
@@ -105,6 +107,9 @@ def search_segment(model, state, encoder_mask, cross, budgets, min_live, beam_si
         searching = ops.sum(ops.cast(~done, "int32"))
         return (searching > min_live) & (index < width)
 
+    # (No `loop_output_columns` here: a segment's batch is at least 8
+    # sources' beams, where the two layouts multiply alike, and the copy
+    # would be made again at every call.)
     return ops.while_loop(cond, body, state)
 
 

@@ -141,7 +141,9 @@ def xla_decoding():
     bfloat16 kernels into float32 (`bfloat16_product`), rounded to
     bfloat16 after the bias, and `SharedTokenEmbedding` projects bfloat16
     outputs into float32 logits. Only for functions that XLA compiles:
-    TensorFlow's CPU kernels have no such product outside XLA.
+    TensorFlow's CPU kernels have no such product outside XLA. (JAX's
+    layers multiply so on a CPU anywhere, training included:
+    `bfloat16_products_in_float32`.)
     """
     with _thread_flag("xla_decoding"):
         yield
@@ -210,7 +212,17 @@ def _jax_bfloat16_product():
     gathered from it, a copy XLA cannot fold back into the product as it
     folds a transpose (forward and backward together, 2-core AMD EPYC with
     avx512_bf16, 4,096 rows: 256 x 1,024 13.2 ms against 21.8 in float32,
-    256 x 8,000 90 against 164).
+    256 x 8,000 90 against 164). XLA gathers slowly (about 20 ms for
+    4,096 x 1,024), yet for wide inputs too the copy and a fast product
+    beat XLA's float32 product of `x` as it is: a training step of the
+    small model with the copy only for up to 512 inputs (the feed-forward
+    network's second layer without it) ran at 2,583-2,597 target tokens/s
+    against 3,114 with it throughout. Products with other copies of the
+    transpose (a dynamic slice or update of it) failed in XLA's CPU
+    runtime ("Unsupported element type for DotThunk": it had planned them
+    as bfloat16 products); this one ran for every shape tried (rows 1 to
+    4,096, inputs 8 to 4,096, outputs 1 to 32,000, alone and in a network
+    of three layers).
     """
     import jax
     import jax.numpy as jnp
@@ -246,9 +258,10 @@ def _jax_bfloat16_product():
 
 
 def float32_product(x, y):
-    """`x @ y` as float32: for bfloat16 `x` and `y` on JAX, one product
-    whose float32 results are not rounded to bfloat16 (XLA's
-    `preferred_element_type`); `keras.ops.matmul` otherwise.
+    """`x @ y` as float32: for bfloat16 `x` and `y` on JAX (and on
+    TensorFlow inside `xla_decoding()`), one product whose float32 results
+    are not rounded to bfloat16 (`bfloat16_product`); `keras.ops.matmul`
+    otherwise.
 
     XLA's CPU code multiplies bfloat16 matrices at twice its float32 rate
     only into a float32 result; into a bfloat16 one it converts both to
@@ -257,7 +270,8 @@ def float32_product(x, y):
     2,591 in float32 throughout.
     """
     standardize = keras.backend.standardize_dtype
-    if keras.config.backend() == "jax" and standardize(x.dtype) == standardize(y.dtype) == "bfloat16":
+    xla = keras.config.backend() == "jax" or getattr(_state, "xla_decoding", False)
+    if xla and standardize(x.dtype) == standardize(y.dtype) == "bfloat16":
         return bfloat16_product(x, y)
     return keras.ops.matmul(x, y)
 

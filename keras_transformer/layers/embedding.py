@@ -204,13 +204,7 @@ class SharedTokenEmbedding(DirectCall, keras.layers.ReversibleEmbedding):
         >>> columns is None or tuple(columns.shape) == (4, 10)
         True
         """
-        if not (
-            keras.config.backend() == "jax"
-            and self._tied_projection()
-            and self.compute_dtype == self.variable_dtype
-            and self.compute_dtype in ("float32", "bfloat16")
-            and xla_on_cpu()
-        ):
+        if not (keras.config.backend() == "jax" and self.projects_through_columns() and xla_on_cpu()):
             return None
         embeddings = self.embeddings.value
         held = self.__dict__.get("_output_columns")
@@ -218,6 +212,17 @@ class SharedTokenEmbedding(DirectCall, keras.layers.ReversibleEmbedding):
             held = (embeddings, ops.transpose(embeddings))
             object.__setattr__(self, "_output_columns", held)
         return held[1]
+
+    def projects_through_columns(self):
+        """Whether the output projection may read a `(d_model,
+        vocabulary_size)` copy of the embeddings (`output_columns`): tied
+        float32 or bfloat16 weights that the layer computes in, not
+        quantized, no soft cap."""
+        return (
+            self._tied_projection()
+            and self.compute_dtype == self.variable_dtype
+            and self.compute_dtype in ("float32", "bfloat16")
+        )
 
     def _tied_projection(self):
         """Whether the output projection is a plain product by the float
