@@ -212,7 +212,8 @@ def test_mixed_precision_gradients_on_jax_are_bfloat16_products_into_float32():
         x = rng.normal(size=shape).astype("float32")
         kernel = layer.embeddings if reverse else layer.kernel
         weights = [v.value for v in layer.trainable_variables]
-        upstream = None
+        out_shape = (2, 5, 40) if reverse else (2, 5, layer.units if hasattr(layer, "units") else 8)
+        upstream = rng.normal(size=out_shape).astype("float32")
 
         def loss(weights, x):
             if reverse:
@@ -223,8 +224,6 @@ def test_mixed_precision_gradients_on_jax_are_bfloat16_products_into_float32():
             assert keras.backend.standardize_dtype(outputs.dtype) == "bfloat16"
             return keras.ops.sum(keras.ops.cast(outputs, "float32") * upstream)
 
-        out_shape = (2, 5, 40) if reverse else (2, 5, layer.units if hasattr(layer, "units") else 8)
-        upstream = rng.normal(size=out_shape).astype("float32")
         gradient = jax.grad(loss, argnums=(0, 1))(weights, x)
         products = _products(jax.make_jaxpr(jax.grad(loss, argnums=(0, 1)))(weights, x).jaxpr)
         # The forward product and the two of its gradient.

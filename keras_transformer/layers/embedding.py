@@ -238,11 +238,12 @@ class SharedTokenEmbedding(DirectCall, keras.layers.ReversibleEmbedding):
         projection."""
         if reverse:
             columns = output_columns_of(self)
+            mixed = self.quantization_mode is None and self.compute_dtype != self.variable_dtype
             if columns is not None:
                 logits = float32_product(inputs, columns)  # (`output_columns`)
             elif self._tied_projection() and bfloat16_products_in_float32(self, inputs, self.embeddings):
                 logits = bfloat16_product(inputs, ops.transpose(self.embeddings.value))
-            elif self.quantization_mode is None and self.compute_dtype != self.variable_dtype:
+            elif mixed:
                 # Mixed precision. Keras' `Embedding` does not autocast its
                 # variable (a lookup casts the rows it reads), so its output
                 # projection would multiply in float32: on a CPU with
@@ -263,7 +264,7 @@ class SharedTokenEmbedding(DirectCall, keras.layers.ReversibleEmbedding):
                 logits = embedding_call(inputs, reverse=True)
             if self.logits_bias is not None:
                 logits = logits + ops.cast(self.logits_bias, logits.dtype)
-            if self.quantization_mode is None and self.compute_dtype != self.variable_dtype:
+            if mixed:
                 logits = ops.cast(logits, self.compute_dtype)
             return logits
         dtype = keras.backend.standardize_dtype(inputs.dtype)
