@@ -260,3 +260,37 @@ def _products(jaxpr):
                 if hasattr(inner, "eqns"):
                     found.extend(_products(inner))
     return found
+
+
+@pytest.mark.skipif(keras.config.backend() != "jax", reason="XLA's compiled products on JAX")
+def test_compiled_mixed_precision_gradients_keep_bfloat16_operands():
+    """XLA's CPU compiler runs a bfloat16 product into float32 at its fast
+    rate only in some layouts, and converts the operands of the others to
+    float32 (`direct_calls._jax_bfloat16_product`). In the compiled
+    gradient of a feed-forward network's two layers (rows 512, d_model
+    256, d_ff 1,024, each gradient product in the layout it would be in
+    without a copy), every product still multiplies bfloat16 operands."""
+    import re
+
+    import jax
+
+    from keras_transformer.layers.direct_calls import Dense
+
+    keras.utils.set_random_seed(3)
+    model = keras.Sequential(
+        [keras.Input((256,)), Dense(1024, activation="relu", dtype="mixed_bfloat16"), Dense(256, dtype="mixed_bfloat16")]
+    )
+    weights = [v.value for v in model.trainable_variables]
+    x = np.random.default_rng(0).normal(size=(512, 256)).astype("float32")
+
+    def loss(weights, x):
+        outputs, _ = model.stateless_call(weights, [], x)
+        return keras.ops.sum(keras.ops.cast(outputs, "float32") ** 2)
+
+    text = jax.jit(jax.grad(loss, argnums=(0, 1))).lower(weights, x).compile().as_text()
+    kinds = dict(re.findall(r"%([\w.\-]+) = (\w+)\[", text))  # every instruction's element type
+    products = re.findall(r"= \w+\[[\d,]*\]\S* dot\(%([\w.\-]+), %([\w.\-]+)\)", text)
+    assert len(products) >= 6, text  # two forward, four gradient
+    assert all((kinds[a], kinds[b]) == ("bf16", "bf16") for a, b in products), [
+        (kinds[a], kinds[b]) for a, b in products
+    ]

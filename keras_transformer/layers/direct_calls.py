@@ -207,22 +207,29 @@ def _jax_bfloat16_product():
     bfloat16 first (as a product into bfloat16, Keras' mixed precision,
     would have rounded it) and both gradient products are bfloat16 into
     float32 too. XLA's CPU code multiplies bfloat16 at the fast rate only
-    where the left operand contracts its last axis: the kernel's gradient
-    (`x` transposed, times the gradient) takes the transpose of `x` as rows
-    gathered from it, a copy XLA cannot fold back into the product as it
-    folds a transpose (forward and backward together, 2-core AMD EPYC with
-    avx512_bf16, 4,096 rows: 256 x 1,024 13.2 ms against 21.8 in float32,
-    256 x 8,000 90 against 164). XLA gathers slowly (about 20 ms for
-    4,096 x 1,024), yet for wide inputs too the copy and a fast product
-    beat XLA's float32 product of `x` as it is: a training step of the
-    small model with the copy only for up to 512 inputs (the feed-forward
-    network's second layer without it) ran at 2,583-2,597 target tokens/s
-    against 3,114 with it throughout. Products with other copies of the
-    transpose (a dynamic slice or update of it) failed in XLA's CPU
-    runtime ("Unsupported element type for DotThunk": it had planned them
-    as bfloat16 products); this one ran for every shape tried (rows 1 to
-    4,096, inputs 8 to 4,096, outputs 1 to 32,000, alone and in a network
-    of three layers).
+    where the left operand contracts its last axis and the right one its
+    first: each gradient product reads one operand transposed, as rows
+    gathered from the transpose, a copy XLA cannot fold back into the
+    product as it folds a transpose. The input's gradient reads the
+    kernel's transpose so (folded, XLA converted both operands to float32:
+    4,095 x 1,024 by 1,024 x 256 in 20 ms, 110 GFLOP/s, where the forward
+    products ran at 360-400; a training step of the small model 1.12x as
+    fast with the copy, median of alternating steps). The kernel's gradient
+    copies the narrower of `x` and the gradient: `x` transposed times the
+    gradient, or the gradient transposed times `x`, transposed back as
+    32-bit pairs of bfloat16 (`paired_transpose`). XLA gathers slowly
+    (about 10 ms for 4,096 x 1,024, 1 for 4,096 x 256), yet for wide inputs
+    too the copy and a fast product beat XLA's float32 product of `x` as it
+    is (forward and backward together, 2-core AMD EPYC with avx512_bf16,
+    4,096 rows: 256 x 1,024 13.2 ms against 21.8 in float32, 256 x 8,000
+    90 against 164); copying the gradient of the feed-forward network's
+    second layer instead of its input made a training step 1.05-1.08x as
+    fast again. Products with other copies of the transpose (a dynamic
+    slice or update of it, the kernel's gradient transposed back as it is)
+    failed in XLA's CPU runtime ("Unsupported element type for DotThunk":
+    it had planned them as bfloat16 products); these ran for every shape
+    tried: 88 products (rows 1 to 4,096, inputs 8 to 4,096, outputs 1 to
+    32,000; gradients equal to NumPy's) and 18 networks of three layers.
     """
     import jax
     import jax.numpy as jnp
@@ -244,14 +251,35 @@ def _jax_bfloat16_product():
         size = math.prod(kernel.shape[:contracted])
         x_rows = x.reshape(-1, size)  # (rows, size)
         matrix = kernel.reshape(size, -1)  # (size, outputs)
-        gradient = gradient.astype(jnp.bfloat16).reshape(x_rows.shape[0], -1)
-        x_gradient = product(gradient, matrix.T, 1)
-        x_columns = jnp.take(x_rows.T, jnp.arange(size), axis=0)  # (size, rows), a copy
-        kernel_gradient = product(x_columns, gradient, 1)
+        outputs = matrix.shape[1]
+        gradient = gradient.astype(jnp.bfloat16).reshape(x_rows.shape[0], outputs)
+        x_gradient = product(gradient, copied_transpose(matrix), 1)
+        if size > outputs and outputs % 2 == 0:
+            # The narrower operand is copied: (gradient^T x)^T.
+            kernel_gradient = paired_transpose(
+                product(copied_transpose(gradient), x_rows, 1).astype(jnp.bfloat16)
+            )
+        else:
+            kernel_gradient = product(copied_transpose(x_rows), gradient, 1)
         return (
             x_gradient.reshape(x.shape).astype(x.dtype),
             kernel_gradient.reshape(kernel.shape).astype(kernel.dtype),
         )
+
+    def copied_transpose(matrix):
+        # Rows gathered from the transpose: a copy that XLA does not fold
+        # back into the product as it folds a transpose.
+        return jnp.take(matrix.T, jnp.arange(matrix.shape[1]), axis=0)
+
+    def paired_transpose(matrix):
+        # A bfloat16 (2n, k) matrix transposed as n x k 32-bit words of two
+        # rows each. XLA would fold a plain transpose of a product's result
+        # into the product by swapping its operands, into one that its CPU
+        # runtime does not run ("Unsupported element type for DotThunk").
+        rows, columns = matrix.shape
+        pairs = jnp.swapaxes(matrix.reshape(rows // 2, 2, columns), 1, 2)
+        words = jax.lax.bitcast_convert_type(pairs, jnp.uint32)  # (rows / 2, columns)
+        return jax.lax.bitcast_convert_type(words.T, matrix.dtype).reshape(columns, rows)
 
     bfloat16_product.defvjp(forward, backward)
     return bfloat16_product
