@@ -1,6 +1,9 @@
 """Label-smoothed cross-entropy (paper section 5.4, epsilon_ls = 0.1)."""
 
+import functools
+
 import keras
+import numpy as np
 from keras import ops
 
 # Keras' own losses mark ignored positions by attaching a mask to the
@@ -67,21 +70,24 @@ class LabelSmoothedCrossEntropy(keras.losses.Loss):
         labels = ops.cast(y_true, "int32")
         if len(labels.shape) == len(y_pred.shape):
             labels = ops.squeeze(labels, axis=-1)
-        if self.from_logits:
-            log_probs = ops.log_softmax(y_pred, axis=-1)
-        else:
-            log_probs = ops.log(ops.clip(y_pred, keras.backend.epsilon(), 1.0))
         vocabulary_size = ops.shape(y_pred)[-1]
         valid = None
         if self.ignore_class is not None:
             valid = ops.not_equal(labels, self.ignore_class)
             labels = ops.where(valid, labels, 0)
-        true_log_prob = _label_log_prob(log_probs, labels, vocabulary_size)
         eps = self.label_smoothing
-        loss = -(1.0 - eps) * true_log_prob
-        if eps > 0:
-            others = ops.sum(log_probs, axis=-1) - true_log_prob
-            loss = loss - eps / ops.cast(vocabulary_size - 1, loss.dtype) * others
+        if self.from_logits and keras.config.backend() == "jax":
+            loss = _jax_smoothed_cross_entropy()(y_pred, labels, eps)
+        else:
+            if self.from_logits:
+                log_probs = ops.log_softmax(y_pred, axis=-1)
+            else:
+                log_probs = ops.log(ops.clip(y_pred, keras.backend.epsilon(), 1.0))
+            true_log_prob = _label_log_prob(log_probs, labels, vocabulary_size)
+            loss = -(1.0 - eps) * true_log_prob
+            if eps > 0:
+                others = ops.sum(log_probs, axis=-1) - true_log_prob
+                loss = loss - eps / ops.cast(vocabulary_size - 1, loss.dtype) * others
         if valid is not None:
             loss = ops.where(valid, loss, 0.0)
             set_keras_mask(loss, valid)
@@ -103,8 +109,10 @@ def _label_log_prob(log_probs, labels, vocabulary_size):
     """`log_probs[..., label]`, in the form whose gradient each backend
     computes fastest.
 
-    PyTorch gathers it. Elsewhere the label's entry is picked by comparing
-    the vocabulary's ids with the label: the gradient is then a select over
+    PyTorch gathers it. Elsewhere (TensorFlow; JAX from probabilities:
+    from logits JAX writes the gradient out, `_jax_smoothed_cross_entropy`)
+    the label's entry is picked by comparing the vocabulary's ids with the
+    label: the gradient is then a select over
     the `(tokens, vocabulary)` gradient, where a gather's is a scatter into
     zeros of that shape, which TensorFlow runs as one `UnsortedSegmentSum`.
     Value and gradient of the whole loss on (273, 15, 8,000) float32 logits,
@@ -116,3 +124,56 @@ def _label_log_prob(log_probs, labels, vocabulary_size):
         return ops.squeeze(ops.take_along_axis(log_probs, ops.expand_dims(labels, -1), axis=-1), -1)
     is_label = ops.equal(ops.expand_dims(labels, -1), ops.arange(vocabulary_size, dtype=labels.dtype))
     return ops.sum(ops.where(is_label, log_probs, ops.zeros((), log_probs.dtype)), axis=-1)
+
+
+@functools.cache
+def _jax_smoothed_cross_entropy():
+    """The per-token loss of `LabelSmoothedCrossEntropy` from logits on JAX,
+    `(logits, labels, eps)`, with its gradient written out: softmax(logits)
+    minus the smoothed target, in one pass over the logits.
+
+    JAX's own gradient of the formula (log-softmax, the label's entry, the
+    sum over the vocabulary) makes XLA write several arrays the size of
+    the logits, in float32 (4,095 x 8,000 of them in a training step of
+    the small model); here the forward pass keeps only each row's
+    log-normalizer and the backward pass writes the gradient once, in the
+    logits' dtype. A mixed-precision training step of the small model
+    (JAX's jitted gradient on real batches, alternating with the formula's,
+    2-core AMD EPYC) took 0.89-0.90 of the time.
+    """
+    import jax
+    import jax.numpy as jnp
+
+    def normalizer(logits):
+        top = jnp.max(logits, axis=-1, keepdims=True)
+        return top + jnp.log(jnp.sum(jnp.exp(logits - top), axis=-1, keepdims=True))
+
+    def loss(logits, labels, eps, log_normalizer):
+        vocabulary_size = logits.shape[-1]
+        true_log_prob = jnp.take_along_axis(logits, labels[..., None], axis=-1)[..., 0] - log_normalizer[..., 0]
+        all_log_probs = jnp.sum(logits, axis=-1) - vocabulary_size * log_normalizer[..., 0]
+        return -(1.0 - eps) * true_log_prob - eps / (vocabulary_size - 1) * (all_log_probs - true_log_prob)
+
+    @functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
+    def smoothed_cross_entropy(logits, labels, eps):
+        logits = logits.astype(jnp.float32)
+        return loss(logits, labels, eps, normalizer(logits))
+
+    def forward(logits, labels, eps):
+        wide = logits.astype(jnp.float32)
+        log_normalizer = normalizer(wide)
+        return loss(wide, labels, eps, log_normalizer), (logits, labels, log_normalizer)
+
+    def backward(eps, saved, gradient):
+        logits, labels, log_normalizer = saved
+        vocabulary_size = logits.shape[-1]
+        other = eps / (vocabulary_size - 1)
+        is_label = jnp.arange(vocabulary_size, dtype=labels.dtype) == labels[..., None]
+        target = jnp.where(is_label, 1.0 - eps, other)
+        probs = jnp.exp(logits.astype(jnp.float32) - log_normalizer)
+        logits_gradient = (gradient[..., None] * (probs - target)).astype(logits.dtype)
+        labels_gradient = np.zeros(labels.shape, jax.dtypes.float0)
+        return logits_gradient, labels_gradient
+
+    smoothed_cross_entropy.defvjp(forward, backward)
+    return smoothed_cross_entropy
