@@ -149,20 +149,22 @@ def _jax_smoothed_cross_entropy():
         return top + jnp.log(jnp.sum(jnp.exp(logits - top), axis=-1, keepdims=True))
 
     def loss(logits, labels, eps, log_normalizer):
+        # The formula of `LabelSmoothedCrossEntropy`, from the logits.
         vocabulary_size = logits.shape[-1]
-        true_log_prob = jnp.take_along_axis(logits, labels[..., None], axis=-1)[..., 0] - log_normalizer[..., 0]
-        all_log_probs = jnp.sum(logits, axis=-1) - vocabulary_size * log_normalizer[..., 0]
-        return -(1.0 - eps) * true_log_prob - eps / (vocabulary_size - 1) * (all_log_probs - true_log_prob)
-
-    @functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
-    def smoothed_cross_entropy(logits, labels, eps):
-        logits = logits.astype(jnp.float32)
-        return loss(logits, labels, eps, normalizer(logits))
+        log_normalizer = log_normalizer[..., 0]
+        label_logit = jnp.take_along_axis(logits, labels[..., None], axis=-1)[..., 0]
+        true_log_prob = label_logit - log_normalizer
+        others = jnp.sum(logits, axis=-1) - vocabulary_size * log_normalizer - true_log_prob
+        return -(1.0 - eps) * true_log_prob - eps / (vocabulary_size - 1) * others
 
     def forward(logits, labels, eps):
         wide = logits.astype(jnp.float32)
         log_normalizer = normalizer(wide)
         return loss(wide, labels, eps, log_normalizer), (logits, labels, log_normalizer)
+
+    @functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
+    def smoothed_cross_entropy(logits, labels, eps):
+        return forward(logits, labels, eps)[0]
 
     def backward(eps, saved, gradient):
         logits, labels, log_normalizer = saved
