@@ -78,6 +78,8 @@ class LabelSmoothedCrossEntropy(keras.losses.Loss):
         eps = self.label_smoothing
         if self.from_logits and keras.config.backend() == "jax":
             loss = _jax_smoothed_cross_entropy()(y_pred, labels, eps)
+        elif self.from_logits and keras.config.backend() == "tensorflow":
+            loss = _tensorflow_smoothed_cross_entropy(y_pred, labels, eps)
         else:
             if self.from_logits:
                 log_probs = ops.log_softmax(y_pred, axis=-1)
@@ -109,8 +111,8 @@ def _label_log_prob(log_probs, labels, vocabulary_size):
     """`log_probs[..., label]`, in the form whose gradient each backend
     computes fastest.
 
-    PyTorch gathers it. Elsewhere (TensorFlow; JAX from probabilities:
-    from logits JAX writes the gradient out, `_jax_smoothed_cross_entropy`)
+    PyTorch gathers it. Elsewhere (from probabilities: from logits JAX and
+    TensorFlow write the gradient out, `_jax_smoothed_cross_entropy`)
     the label's entry is picked by comparing the vocabulary's ids with the
     label: the gradient is then a select over
     the `(tokens, vocabulary)` gradient, where a gather's is a scatter into
@@ -179,3 +181,33 @@ def _jax_smoothed_cross_entropy():
 
     smoothed_cross_entropy.defvjp(forward, backward)
     return smoothed_cross_entropy
+
+
+def _tensorflow_smoothed_cross_entropy(logits, labels, eps):
+    """`_jax_smoothed_cross_entropy` on TensorFlow: the same formula from
+    each row's log-normalizer, with the gradient written out
+    (`tf.custom_gradient`). A mixed-precision training step of the small
+    model (`train_on_batch` on real batches, alternating with the
+    formula's, 2-core AMD EPYC): 0.96 of the time."""
+    import tensorflow as tf
+
+    vocabulary_size = logits.shape[-1]
+
+    @tf.custom_gradient
+    def smoothed_cross_entropy(logits):
+        wide = tf.cast(logits, tf.float32)
+        log_normalizer = tf.reduce_logsumexp(wide, axis=-1, keepdims=True)
+        label_logit = tf.gather(wide, labels, batch_dims=len(labels.shape))
+        true_log_prob = label_logit - log_normalizer[..., 0]
+        others = tf.reduce_sum(wide, axis=-1) - vocabulary_size * log_normalizer[..., 0] - true_log_prob
+        loss = -(1.0 - eps) * true_log_prob - eps / (vocabulary_size - 1) * others
+
+        def gradient(upstream):
+            is_label = tf.equal(tf.range(vocabulary_size, dtype=labels.dtype), labels[..., None])
+            target = tf.where(is_label, 1.0 - eps, eps / (vocabulary_size - 1))
+            probs = tf.exp(wide - log_normalizer)
+            return tf.cast(upstream[..., None] * (probs - target), logits.dtype)
+
+        return loss, gradient
+
+    return smoothed_cross_entropy(logits)
