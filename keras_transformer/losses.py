@@ -78,7 +78,7 @@ class LabelSmoothedCrossEntropy(keras.losses.Loss):
         eps = self.label_smoothing
         if self.from_logits and keras.config.backend() == "jax":
             loss = _jax_smoothed_cross_entropy()(y_pred, labels, eps)
-        elif self.from_logits and keras.config.backend() == "tensorflow":
+        elif self.from_logits and keras.config.backend() == "tensorflow" and y_pred.shape[-1] is not None:
             loss = _tensorflow_smoothed_cross_entropy(y_pred, labels, eps)
         else:
             if self.from_logits:
