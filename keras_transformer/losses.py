@@ -146,10 +146,6 @@ def _jax_smoothed_cross_entropy():
     import jax
     import jax.numpy as jnp
 
-    def normalizer(logits):
-        top = jnp.max(logits, axis=-1, keepdims=True)
-        return top + jnp.log(jnp.sum(jnp.exp(logits - top), axis=-1, keepdims=True))
-
     def loss(logits, labels, eps, log_normalizer):
         # The formula of `LabelSmoothedCrossEntropy`, from the logits.
         vocabulary_size = logits.shape[-1]
@@ -161,7 +157,7 @@ def _jax_smoothed_cross_entropy():
 
     def forward(logits, labels, eps):
         wide = logits.astype(jnp.float32)
-        log_normalizer = normalizer(wide)
+        log_normalizer = jax.nn.logsumexp(wide, axis=-1, keepdims=True)
         return loss(wide, labels, eps, log_normalizer), (logits, labels, log_normalizer)
 
     @functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
