@@ -412,6 +412,12 @@ def run():
         _quiet_native_logs()
     else:
         os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    if sys.argv[1:2] in (["train"], ["translate"], ["evaluate"]):
+        # Freed memory kept for reuse, set before the backends start their
+        # threads (which keep the heap they start with; utils/memory.py).
+        from keras_transformer.utils.memory import reuse_freed_memory
+
+        reuse_freed_memory()
     # Warnings as one line, as the command's own ("warning: ..."), without
     # the source line Python shows for programmers.
     warnings.formatwarning = lambda message, category, *args, **kwargs: f"warning: {message}\n"

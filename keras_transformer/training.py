@@ -289,7 +289,9 @@ def train_multi30k(output_dir, strategy=None, extra_callbacks=(), verbose="auto"
     if chief:
         callbacks += _chief_callbacks(config, output_dir, data)
     # Each step frees and allocates the same large buffers (the logits and
-    # their gradient): keep them in the process (see utils/memory.py).
+    # their gradient): keep them in the process (see utils/memory.py; the
+    # `keras-transformer` command sets this at its start, before the
+    # backend's threads, which keep the heaps they started with).
     reuse_freed_memory()
     history = model.fit(
         train_batches.dataset(repeat=True, start=position),
