@@ -892,8 +892,7 @@ def test_int8_products_of_a_few_rows_in_float32_are_the_integer_products(dtype):
 @pytest.mark.parametrize("rate", [0.1, 0.3])
 def test_dropout_drops_at_its_rate_and_keeps_the_expectation(rate):
     """The package's `Dropout` (on PyTorch's CPU, its own mask from 16
-    random bits an element; on JAX, from Threefry of each element's index):
-    each position is
+    random bits an element; on JAX, from XLA's generator): each position is
     dropped at `rate` (the four positions that share a 64-bit draw alike),
     kept values are scaled by one over the keep probability, and the
     gradient is the same mask and scale. The same seed gives the same mask;
@@ -940,81 +939,6 @@ def test_dropout_drops_at_its_rate_and_keeps_the_expectation(rate):
     again(x, training=True)
     assert (to_numpy(again(x, training=True)) != seeded[0]).any()
     assert 0 < keep < 1
-
-
-@pytest.mark.skipif(keras.config.backend() != "jax", reason="JAX's layer norm")
-@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-def test_jax_layer_norm_and_its_gradient_are_keras_layer_normalization(dtype):
-    """`jax_layer_norm`, which the package's `LayerNormalization` runs on
-    JAX, with its written-out gradient: its values and the gradients of
-    the input, `gamma` and `beta` are those of JAX's own gradient of
-    `keras.ops.layer_normalization`, for float32 and bfloat16 inputs; the
-    layer in a model calls it."""
-    import jax
-    import jax.numpy as jnp
-
-    from keras_transformer.layers.direct_calls import LayerNormalization
-    from keras_transformer.layers.direct_calls import jax_layer_norm
-
-    rng = np.random.default_rng(1)
-    x = jnp.asarray(rng.normal(2.0, 3.0, (4, 7, 48)), dtype)
-    gamma = jnp.asarray(rng.normal(1.0, 0.5, 48), "float32")
-    beta = jnp.asarray(rng.normal(0.0, 0.5, 48), "float32")
-    upstream = jnp.asarray(rng.normal(size=(4, 7, 48)), "float32")
-
-    def loss(function):
-        return lambda x, gamma, beta: jnp.sum(function(x, gamma, beta).astype("float32") * upstream)
-
-    ours = loss(lambda x, gamma, beta: jax_layer_norm(x, gamma, beta, 1e-5))
-    keras_own = loss(lambda x, gamma, beta: keras.ops.layer_normalization(x, gamma, beta, epsilon=1e-5))
-    tolerance = dict(rtol=1e-5, atol=1e-5) if dtype == "float32" else dict(rtol=2**-7, atol=2**-6)
-    np.testing.assert_allclose(
-        np.asarray(jax_layer_norm(x, gamma, beta, 1e-5), "float32"),
-        np.asarray(keras.ops.layer_normalization(x, gamma, beta, epsilon=1e-5), "float32"),
-        **tolerance,
-    )
-    assert jax_layer_norm(x, gamma, beta, 1e-5).dtype == x.dtype
-    for got, expected in zip(jax.grad(ours, (0, 1, 2))(x, gamma, beta), jax.grad(keras_own, (0, 1, 2))(x, gamma, beta)):
-        assert got.dtype == expected.dtype
-        np.testing.assert_allclose(np.asarray(got, "float32"), np.asarray(expected, "float32"), **tolerance)
-
-    layer = LayerNormalization(epsilon=1e-5)
-    layer.build(x.shape)
-    jaxpr = str(jax.make_jaxpr(lambda x: layer(x))(x.astype("float32")))
-    assert "custom_vjp_call" in jaxpr
-
-
-@pytest.mark.skipif(keras.config.backend() != "jax", reason="JAX's dropout bits")
-def test_threefry_bits_are_jax_random_threefry():
-    """`threefry_bits`, which JAX's dropout masks come from, is the first
-    word of `jax.random`'s own Threefry-2x32 (`jax.extend.random`) of the
-    same keys and counters, for counters up to 2**32 - 1; and the masks of
-    two calls of a layer (successive seeds) are uncorrelated."""
-    import jax.numpy as jnp
-    from jax.extend.random import threefry_2x32
-
-    from keras_transformer.layers.direct_calls import threefry_bits
-
-    rng = np.random.default_rng(0)
-    counters = np.concatenate([np.arange(1000), rng.integers(0, 2**32, 1000), [2**32 - 1]]).astype("uint32")
-    for key in ([0, 0], [7, 1], rng.integers(0, 2**32, 2).tolist()):
-        key = np.asarray(key, "uint32")
-        expected = threefry_2x32(jnp.asarray(key), jnp.asarray(np.concatenate([counters, np.zeros_like(counters)])))
-        bits = threefry_bits(jnp.uint32(key[0]), jnp.uint32(key[1]), jnp.asarray(counters))
-        np.testing.assert_array_equal(np.asarray(bits), np.asarray(expected)[: len(counters)])
-        high = rng.integers(0, 2**32, len(counters)).astype("uint32")
-        expected = threefry_2x32(jnp.asarray(key), jnp.asarray(np.concatenate([counters, high])))
-        bits = threefry_bits(jnp.uint32(key[0]), jnp.uint32(key[1]), jnp.asarray(counters), jnp.asarray(high))
-        np.testing.assert_array_equal(np.asarray(bits), np.asarray(expected)[: len(counters)])
-
-    from keras_transformer.layers.direct_calls import Dropout
-
-    layer = Dropout(0.5, seed=3)
-    x = np.ones((200, 1000), "float32")
-    first, second = (to_numpy(layer(x, training=True)) != 0 for _ in range(2))
-    # 200,000 elements: a correlation over 0.012 is 5 standard deviations.
-    assert abs(np.corrcoef(first.ravel(), second.ravel())[0, 1]) < 0.012
-    assert abs(np.corrcoef(first.ravel()[:-1], first.ravel()[1:])[0, 1]) < 0.012
 
 
 @only_torch

@@ -882,22 +882,12 @@ class LayerNormalization(DirectCall, keras.layers.LayerNormalization):
     bfloat16 input, against 4.5 ms with the input cast to float32 and the
     output back); its CUDA kernel wants inputs and weights of one dtype, so
     there the input is cast to float32 and the output back. Under mixed
-    precision too, where the other layers run Keras' `call`.
-
-    On JAX, over the last axis, the same float32 computation with its
-    gradient written out (`jax_layer_norm`)."""
+    precision too, where the other layers run Keras' `call`."""
 
     # `_torch_call` takes compute-dtype inputs with float32 weights.
     _torch_call_takes_mixed_dtypes = True
 
-    def call(self, inputs):
-        if keras.config.backend() == "jax" and self._torch_plan():
-            outputs = jax_layer_norm(inputs, self.gamma.value, self.beta.value, self.epsilon)
-            return keras.ops.cast(outputs, self.compute_dtype)
-        return super().call(inputs)
-
     def _torch_plan(self):
-        # (Over the last axis with both weights: also JAX's written-out form.)
         return not self.rms_scaling and self.axis in (-1, [-1]) and self.center and self.scale
 
     def _torch_call(self, inputs):
@@ -919,72 +909,6 @@ class LayerNormalization(DirectCall, keras.layers.LayerNormalization):
         return outputs if wide else outputs.to(dtype)
 
 
-def jax_layer_norm(x, gamma, beta, epsilon):
-    """Layer normalization of `x` over its last axis, `gamma * (x - mean) /
-    sqrt(variance + epsilon) + beta`, computed in float32 and returned in
-    `x`'s dtype as Keras' `layer_normalization` does, on JAX, with its
-    gradient written out: with `n = (x - mean) / sqrt(variance + epsilon)`
-    and `g` the output's gradient times `gamma`, the input's gradient is
-    `(g - mean(g) - n * mean(g * n)) / sqrt(variance + epsilon)`, from `x`
-    and each row's mean and scale, in one pass over the rows.
-
-    JAX's gradient of the formula keeps more float32 intermediates of the
-    rows: a mixed-precision training step of the 3+3-layer model took 0.97
-    and 0.98 of the time with this form (17 layer norms; medians of
-    alternating steps, 2-core AMD EPYC).
-
-    Example:
-
-    >>> import numpy as np
-    >>> x = np.array([[1.0, 2.0, 3.0, 6.0]], "float32")
-    >>> y = jax_layer_norm(x, np.ones(4, "float32"), np.zeros(4, "float32"), 1e-5)
-    >>> np.round(np.asarray(y), 3).tolist()
-    [[-1.091, -0.655, -0.218, 1.964]]
-    """
-    return _jax_layer_norm()(x, gamma, beta, float(epsilon))
-
-
-@functools.cache
-def _jax_layer_norm():
-    import jax
-    import jax.numpy as jnp
-
-    def statistics(x, epsilon):
-        x = x.astype(jnp.float32)
-        mean = jnp.mean(x, axis=-1, keepdims=True)
-        centred = x - mean
-        scale = jax.lax.rsqrt(jnp.mean(centred * centred, axis=-1, keepdims=True) + epsilon)
-        return centred * scale, mean, scale
-
-    def forward(x, gamma, beta, epsilon):
-        normalized, mean, scale = statistics(x, epsilon)
-        outputs = (normalized * gamma.astype(jnp.float32) + beta.astype(jnp.float32)).astype(x.dtype)
-        return outputs, (x, gamma, beta, mean, scale)
-
-    @functools.partial(jax.custom_vjp, nondiff_argnums=(3,))
-    def layer_norm(x, gamma, beta, epsilon):
-        return forward(x, gamma, beta, epsilon)[0]
-
-    def backward(epsilon, saved, gradient):
-        x, gamma, beta, mean, scale = saved
-        gradient = gradient.astype(jnp.float32)
-        normalized = (x.astype(jnp.float32) - mean) * scale
-        rows = tuple(range(x.ndim - 1))
-        scaled = gradient * gamma.astype(jnp.float32)
-        x_gradient = scale * (
-            scaled - jnp.mean(scaled, axis=-1, keepdims=True)
-            - normalized * jnp.mean(scaled * normalized, axis=-1, keepdims=True)
-        )
-        return (
-            x_gradient.astype(x.dtype),
-            jnp.sum(gradient * normalized, axis=rows).astype(gamma.dtype),
-            jnp.sum(gradient, axis=rows).astype(beta.dtype),
-        )
-
-    layer_norm.defvjp(forward, backward)
-    return layer_norm
-
-
 @keras.saving.register_keras_serializable(package="keras_transformer")
 class Dropout(DirectCall, keras.layers.Dropout):
     """`keras.layers.Dropout` that honours `direct_calls()` (its `call`
@@ -1004,17 +928,13 @@ class Dropout(DirectCall, keras.layers.Dropout):
 
     On JAX, Keras draws the mask with `jax.random.bernoulli`, a Threefry
     generator written in JAX operations: 15 ms for 2.1 million elements on
-    2 cores. Here each element's 32 random bits are Threefry-2x32 (20
-    rounds, the generator of `jax.random`) of its index, keyed by the
-    layer's seed (`threefry_bits`), computed in the same compiled loop that
-    applies the mask, forward and backward; an element is kept with
-    probability `1 - round(rate * 2**32) / 2**32` and scaled by one over
-    it. The mask follows from the layer's seed as Keras' does, seeded or
-    not, but is not the same mask. Against XLA's own generator
-    (`jax.lax.rng_bit_generator`, which writes the bits out before the mask
-    reads them): a (273, 15, 256) bfloat16 dropout forward and backward
-    1.1 against 2.0 ms, and a mixed-precision training step of the
-    3+3-layer model 0.95 of the time (2-core AMD EPYC).
+    2 cores. Here the layer's seed generator keys XLA's own Threefry
+    generator (`jax.lax.rng_bit_generator`, 3.3 ms) for 32 random bits an
+    element; an element is kept with probability
+    `1 - round(rate * 2**32) / 2**32` and scaled by one over it (a float32
+    training step of the 3+3-layer model: 1.80 s with Keras' mask, 1.65 s
+    with this one). The mask follows from the layer's seed as Keras' does,
+    seeded or not, but is not the same mask.
     """
 
     def call(self, inputs, training=False):
@@ -1048,65 +968,20 @@ def _torch_cpu_dropout(inputs, rate):
 
 def _jax_dropout(inputs, rate, seed):
     """`inputs` with elements dropped at `rate` (see `Dropout`), from 32
-    random bits an element: Threefry-2x32 of its index keyed by `seed`
+    random bits an element of XLA's Threefry generator keyed by `seed`
     (Keras' two 32-bit words)."""
     import jax
     import jax.numpy as jnp
 
-    size = math.prod(inputs.shape)
-    if size < 2**32:
-        index = jax.lax.iota(jnp.uint32, size).reshape(inputs.shape)
-        bits = threefry_bits(seed[0], seed[1], index)
-    else:  # (more elements than a 32-bit index counts)
-        key = jnp.concatenate([seed, seed ^ jnp.uint32(0x9E3779B9)])
-        _, bits = jax.lax.rng_bit_generator(
-            key, inputs.shape, dtype=jnp.uint32, algorithm=jax.lax.RandomAlgorithm.RNG_THREE_FRY
-        )
+    # XLA's generator takes 128 bits of key: Keras' 64, and the same 64
+    # bits with a constant mixed in.
+    key = jnp.concatenate([seed, seed ^ jnp.uint32(0x9E3779B9)])
+    _, bits = jax.lax.rng_bit_generator(
+        key, inputs.shape, dtype=jnp.uint32,
+        algorithm=jax.lax.RandomAlgorithm.RNG_THREE_FRY,
+    )
     dropped = min(round(rate * 2**32), 2**32 - 1)
     scale = jnp.asarray(2**32 / (2**32 - dropped), inputs.dtype)
     return jnp.where(
         bits >= jnp.uint32(dropped), inputs * scale, jnp.zeros((), inputs.dtype)
     )
-
-
-# Threefry-2x32's rotations, round by round (Salmon et al., "Parallel random
-# numbers: as easy as 1, 2, 3", 2011).
-_THREEFRY_ROTATIONS = (13, 15, 26, 6, 17, 29, 16, 24)
-
-
-def threefry_bits(key0, key1, counter, counter_high=None):
-    """The first 32-bit word of Threefry-2x32 (20 rounds) of the counters
-    `(counter, counter_high)` (`counter_high` 0 by default) under the key
-    `(key0, key1)`: 32 random bits for each entry of the uint32 array
-    `counter`, on JAX.
-
-    The same function as `jax.random`'s Threefry, written out in
-    `jax.numpy` so that XLA computes it inside the loop that uses the bits
-    (on a CPU, JAX's own Threefry runs its rounds as a compiled loop that
-    writes both words out at every pass, and `jax.lax.rng_bit_generator`
-    writes its bits out before they are used).
-
-    Example (Random123's known answer for the key and counter of pi's
-    digits):
-
-    >>> import jax.numpy as jnp
-    >>> words = [jnp.uint32(w) for w in (0x13198A2E, 0x03707344, 0x243F6A88, 0x85A308D3)]
-    >>> hex(int(threefry_bits(*words)))
-    '0xc4923a9c'
-    """
-    import jax.numpy as jnp
-
-    def rotated(word, bits):
-        return (word << jnp.uint32(bits)) | (word >> jnp.uint32(32 - bits))
-
-    keys = (key0, key1, key0 ^ key1 ^ jnp.uint32(0x1BD11BDA))
-    x0 = counter + keys[0]
-    x1 = (jnp.zeros_like(counter) if counter_high is None else counter_high) + keys[1]
-    for round_ in range(20):
-        x0 = x0 + x1
-        x1 = rotated(x1, _THREEFRY_ROTATIONS[round_ % 8]) ^ x0
-        if round_ % 4 == 3:  # a key injection every four rounds
-            injection = round_ // 4 + 1
-            x0 = x0 + keys[injection % 3]
-            x1 = x1 + keys[(injection + 1) % 3] + jnp.uint32(injection)
-    return x0
