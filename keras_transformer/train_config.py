@@ -88,7 +88,7 @@ class TrainConfig:
     )
     dtype: str = setting(
         "float32", "compute precision: mixed_bfloat16 runs the matrix products in bfloat16 with float32 weights, "
-        "softmax, LayerNorm and loss; checkpoints and the saved model stay float32", choices=["float32", "mixed_bfloat16"],
+        "softmax, LayerNorm, logits and loss; checkpoints and the saved model stay float32", choices=["float32", "mixed_bfloat16"],
     )
     max_sequence_length: int = setting(256, "the model's longest sequence", cli=False)
     keep_checkpoints: int = setting(5, "checkpoints averaged at the end", type=arguments.positive_int)
