@@ -229,6 +229,11 @@ def train_multi30k(output_dir, strategy=None, extra_callbacks=(), verbose="auto"
     Returns:
         `(model, history)`.
     """
+    # Each step frees and allocates the same large buffers (the logits and
+    # their gradient, XLA's workspace): keep them in the process, set before
+    # the model is built, which may start the backend's threads (they keep
+    # the heaps they start with; see utils/memory.py).
+    reuse_freed_memory()
     config, overrides = TrainConfig.split(settings)
     if config.config not in CONFIGS:
         raise ValueError(f"Unknown config {config.config!r}; choose one of {sorted(CONFIGS)}.")
@@ -288,11 +293,6 @@ def train_multi30k(output_dir, strategy=None, extra_callbacks=(), verbose="auto"
     callbacks = [keras.callbacks.BackupAndRestore(backup)]
     if chief:
         callbacks += _chief_callbacks(config, output_dir, data)
-    # Each step frees and allocates the same large buffers (the logits and
-    # their gradient): keep them in the process (see utils/memory.py; the
-    # `keras-transformer` command sets this at its start, before the
-    # backend's threads, which keep the heaps they started with).
-    reuse_freed_memory()
     history = model.fit(
         train_batches.dataset(repeat=True, start=position),
         validation_data=val_batches.dataset(),

@@ -25,11 +25,12 @@ threads, so each step faulted all of it in anew: with one heap, a
 mixed-precision `train_on_batch` of that model took 722 against 871 ms
 (medians of six, three real batches, 2-core AMD EPYC). A thread keeps the
 heap it has, so the call belongs at the start of a process, before the
-backend starts its threads. The process then holds its peak memory until it exits, as PyTorch's
-and TensorFlow's own GPU allocators do, and some more: on PyTorch, training
-the 3+3-layer, d_model-256 model in mixed precision on 40 Multi30k batches
-twice ran 1.12x as fast (4,072 against 3,633 target tokens/s) with a peak
-resident memory of 3,884 MB against 3,446. Decoding allocates the logits of
+backend starts its threads. The process then holds its peak memory until
+it exits, as PyTorch's and TensorFlow's own GPU allocators do, and some
+more: on PyTorch, training the 3+3-layer, d_model-256 model in mixed
+precision on 40 Multi30k batches twice ran 1.12x as fast (4,072 against
+3,633 target tokens/s) with a peak resident memory of 3,884 MB against
+3,446. Decoding allocates the logits of
 every beam at each step: PyTorch translated 64 sentences at a time (beam 4)
 1.18x as fast with it. `keras-transformer train`, `translate` and `evaluate`
 call it; `benchmarks/train.py` and `benchmarks/decode.py` call it for every
