@@ -111,9 +111,14 @@ class SharedTokenEmbedding(DirectCall, keras.layers.ReversibleEmbedding):
 
     def compute_output_spec(self, inputs, reverse=False):
         spec = super().compute_output_spec(inputs, reverse=reverse)
-        if reverse and self.quantization_mode is None and self.compute_dtype != self.variable_dtype:
+        if reverse and self._mixed_precision():
             return keras.KerasTensor(spec.shape, dtype="float32")  # (mixed precision's logits)
         return spec
+
+    def _mixed_precision(self):
+        """Whether the layer computes in mixed precision (float weights of
+        another dtype than it computes in): its logits are then float32."""
+        return self.quantization_mode is None and self.compute_dtype != self.variable_dtype
 
     def quantize(self, mode=None, type_check=True, config=None):
         # Keras quantizes subclasses of ReversibleEmbedding only when they
@@ -244,7 +249,7 @@ class SharedTokenEmbedding(DirectCall, keras.layers.ReversibleEmbedding):
         projection."""
         if reverse:
             columns = output_columns_of(self)
-            mixed = self.quantization_mode is None and self.compute_dtype != self.variable_dtype
+            mixed = self._mixed_precision()
             if columns is not None:
                 logits = float32_product(inputs, columns)  # (`output_columns`)
             elif self._tied_projection() and bfloat16_products_in_float32(self, inputs, self.embeddings):
