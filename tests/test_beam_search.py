@@ -679,8 +679,8 @@ def test_output_columns_are_the_embeddings_transposed_where_xla_decodes_on_a_cpu
     with_mixed_precision.build()
     assert with_mixed_precision.output_columns() is None
     # bfloat16 weights: bfloat16 columns, multiplied into float32 logits
-    # (`direct_calls.float32_product`), those of the same values in float32.
-    from keras_transformer.layers.direct_calls import float32_product
+    # (`bfloat16_products.float32_product`), those of the same values in float32.
+    from keras_transformer.layers.bfloat16_products import float32_product
 
     in_bfloat16 = SharedTokenEmbedding(vocabulary_size=12, d_model=8, dtype="bfloat16")
     in_bfloat16.build()
@@ -707,7 +707,7 @@ def test_tensorflow_loops_project_through_a_transposed_copy_made_in_the_function
     import tensorflow as tf
 
     from keras_transformer.decoding.compiled import loop_output_columns
-    from keras_transformer.layers.direct_calls import output_columns_of
+    from keras_transformer.layers.bfloat16_products import output_columns_of
 
     model = tiny_model(seed=3, output_bias=True)
     embedding = model.backbone.token_embedding

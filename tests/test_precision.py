@@ -113,7 +113,7 @@ def test_mixed_precision_output_projection_multiplies_in_bfloat16():
 
 
 def test_compiled_bfloat16_projections_multiply_into_float32_on_xla():
-    """In functions compiled for decoding on a CPU (`direct_calls.xla_decoding`),
+    """In functions compiled for decoding on a CPU (`bfloat16_products.xla_decoding`),
     JAX and TensorFlow multiply bfloat16 inputs by bfloat16 kernels into
     float32 (XLA's fast bfloat16 product; into bfloat16 it converts both
     operands to float32 first): the compiled code has such products, and
@@ -168,7 +168,7 @@ def test_compiled_bfloat16_projections_multiply_into_float32_on_xla():
         import jax
 
         compiled(x)  # (the functions traced inside the context; traced again here to read them)
-        from keras_transformer.layers.direct_calls import xla_decoding
+        from keras_transformer.layers.bfloat16_products import xla_decoding
 
         with xla_decoding():
             text = str(jax.make_jaxpr(function)(x))
@@ -176,7 +176,7 @@ def test_compiled_bfloat16_projections_multiply_into_float32_on_xla():
     elif backend == "tensorflow":
         import tensorflow as tf
 
-        from keras_transformer.layers.direct_calls import xla_decoding
+        from keras_transformer.layers.bfloat16_products import xla_decoding
 
         with xla_decoding():
             graph = tf.function(function, jit_compile=True).get_concrete_function(x).graph
@@ -190,7 +190,7 @@ def test_compiled_bfloat16_projections_multiply_into_float32_on_xla():
 def test_mixed_precision_gradients_on_jax_are_bfloat16_products_into_float32():
     """Training in mixed_bfloat16 on JAX (CPU), every projection and its
     two gradient products multiply bfloat16 operands into float32
-    (`direct_calls.bfloat16_product`: into bfloat16, or with a float32
+    (`bfloat16_products.bfloat16_product`: into bfloat16, or with a float32
     operand, XLA's CPU code multiplies at its float32 rate). The gradients
     are NumPy's float64 products of the same bfloat16 values, rounded to
     bfloat16: the output's gradient rounded first, as Keras' mixed
@@ -277,7 +277,7 @@ def _products(jaxpr):
 def test_compiled_mixed_precision_gradients_keep_bfloat16_operands():
     """XLA's CPU compiler runs a bfloat16 product into float32 at its fast
     rate only in some layouts, and converts the operands of the others to
-    float32 (`direct_calls._jax_bfloat16_product`). In the compiled
+    float32 (`bfloat16_products._jax_bfloat16_product`). In the compiled
     gradient of a feed-forward network's two layers (rows 512, d_model
     256, d_ff 1,024, each gradient product in the layout it would be in
     without a copy), every product still multiplies bfloat16 operands."""

@@ -26,11 +26,11 @@ import numpy as np
 from keras.src.backend import get_autocast_scope
 from keras.src.backend import in_stateless_scope
 
-from keras_transformer.layers.direct_calls import bound_output_columns
+from keras_transformer.layers.bfloat16_products import bound_output_columns
+from keras_transformer.layers.bfloat16_products import output_columns_of
+from keras_transformer.layers.bfloat16_products import xla_decoding
+from keras_transformer.layers.bfloat16_products import xla_on_cpu
 from keras_transformer.layers.direct_calls import direct_calls
-from keras_transformer.layers.direct_calls import output_columns_of
-from keras_transformer.layers.direct_calls import xla_decoding
-from keras_transformer.layers.direct_calls import xla_on_cpu
 
 
 def compile_for_inference(model, function):
@@ -228,7 +228,7 @@ def _traced_by_shapes(compiled):
 
 
 def _in_xla_decoding(function):
-    """`function` traced inside `direct_calls.xla_decoding()`, with its
+    """`function` traced inside `bfloat16_products.xla_decoding()`, with its
     signature (`_traced_by_shapes` reads its defaults)."""
 
     @functools.wraps(function)

@@ -66,6 +66,10 @@ import keras
 from keras.src.backend import AutocastScope
 from keras.src.backend import get_autocast_scope
 
+from keras_transformer.layers.bfloat16_products import bfloat16_product
+from keras_transformer.layers.bfloat16_products import bfloat16_products_in_float32
+from keras_transformer.layers.bfloat16_products import rounded_to_bfloat16
+
 _state = threading.local()
 
 
@@ -111,212 +115,6 @@ def in_place_cache_writes():
     """
     with _thread_flag("in_place"):
         yield
-
-
-@contextlib.contextmanager
-def bound_output_columns(columns):
-    """Within this context (in this thread), the layers keyed in `columns`
-    (by `id`) read their output projection's matrix from it: for a
-    decoding function traced for XLA, the tensor it takes in place of the
-    copy `SharedTokenEmbedding.output_columns` made
-    (`keras_transformer.decoding.compiled.compile_for_models`)."""
-    previous = getattr(_state, "output_columns", {})
-    _state.output_columns = {**previous, **columns}
-    try:
-        yield
-    finally:
-        _state.output_columns = previous
-
-
-def output_columns_of(layer):
-    """The tensor `bound_output_columns` binds to `layer`, or None."""
-    return getattr(_state, "output_columns", {}).get(id(layer))
-
-
-@contextlib.contextmanager
-def xla_decoding():
-    """Within this context (in this thread), decoding functions are traced
-    for XLA on a CPU (`keras_transformer.decoding.compiled`): this
-    package's `Dense` and `EinsumDense` layers multiply bfloat16 inputs by
-    bfloat16 kernels into float32 (`bfloat16_product`), rounded to
-    bfloat16 after the bias, and `SharedTokenEmbedding` projects bfloat16
-    outputs into float32 logits. Only for functions that XLA compiles:
-    TensorFlow's CPU kernels have no such product outside XLA. (JAX's
-    layers multiply so on a CPU anywhere, training included:
-    `bfloat16_products_in_float32`.)
-    """
-    with _thread_flag("xla_decoding"):
-        yield
-
-
-def bfloat16_products_in_float32(layer, inputs, kernel):
-    """Whether `layer`'s product of `inputs` by `kernel` goes through
-    `bfloat16_product`: bfloat16 inputs and kernel (also a float32 kernel
-    cast in mixed precision), no quantization or LoRA, on a CPU, on JAX
-    (training and inference) or inside `xla_decoding()` on TensorFlow."""
-    return (
-        (getattr(_state, "xla_decoding", False) or keras.config.backend() == "jax")
-        and layer.quantization_mode is None
-        and not getattr(layer, "lora_enabled", False)
-        and keras.backend.standardize_dtype(inputs.dtype) == "bfloat16"
-        and keras.backend.standardize_dtype(kernel.dtype) == "bfloat16"
-        and xla_on_cpu()
-    )
-
-
-def bfloat16_product(x, kernel, contracted=1):
-    """The product of bfloat16 `x`'s last `contracted` axes with bfloat16
-    `kernel`'s first ones, in float32 (shape `x.shape[:-contracted] +
-    kernel.shape[contracted:]`), on JAX or in a function TensorFlow
-    compiles with XLA: one product whose float32 sums are not rounded to
-    bfloat16 (XLA's `preferred_element_type`; TensorFlow's
-    `BatchMatMulV3` with a float32 `Tout`, which its CPU kernels lack
-    outside XLA).
-
-    XLA's CPU code runs such a product at about twice its float32 speed
-    on a processor with bfloat16 instructions, but a product into
-    bfloat16 (Keras' layers' `matmul` and `einsum` of bfloat16 tensors)
-    slower than float32: it converts both operands to float32 first
-    (`float32_product`). The bfloat16 preset's translations with every
-    projection of the encoder and the decoding steps so (test_2016_flickr,
-    512 sentences 64 at a time, beam 4, 2-core AMD EPYC with avx512_bf16,
-    alternating passes): TensorFlow 1.29x as fast (median of five), JAX
-    1.04x and 1.09x (medians of five and seven; JAX's output projection
-    was so already, `SharedTokenEmbedding.output_columns`).
-    """
-    rows = len(x.shape) - contracted
-    if keras.config.backend() == "jax":
-        return _jax_bfloat16_product()(x, kernel, contracted)
-    import tensorflow as tf
-
-    size = math.prod(kernel.shape[:contracted])
-    product = tf.raw_ops.BatchMatMulV3(
-        x=tf.reshape(x, (-1, size)), y=tf.reshape(kernel, (size, -1)), Tout=tf.float32
-    )
-    return tf.reshape(product, tf.concat([tf.shape(x)[:rows], kernel.shape[contracted:]], 0))
-
-
-@functools.cache
-def _jax_bfloat16_product():
-    """`bfloat16_product` on JAX, `(x, kernel, contracted)`, with a gradient
-    of the same kind of products (for mixed-precision training).
-
-    JAX's own gradient of a product into float32 multiplies the float32
-    gradient by a bfloat16 operand: XLA converts that operand to float32
-    and multiplies at its float32 rate. Here the gradient is rounded to
-    bfloat16 first (as a product into bfloat16, Keras' mixed precision,
-    would have rounded it) and both gradient products are bfloat16 into
-    float32 too. XLA's CPU code multiplies bfloat16 at the fast rate only
-    where the left operand contracts its last axis and the right one its
-    first: each gradient product reads one operand transposed, as rows
-    gathered from the transpose, a copy XLA cannot fold back into the
-    product as it folds a transpose. The input's gradient reads the
-    kernel's transpose so (folded, XLA converted both operands to float32:
-    4,095 x 1,024 by 1,024 x 256 in 20 ms, 110 GFLOP/s, where the forward
-    products ran at 360-400; a training step of the small model 1.12x as
-    fast with the copy, median of alternating steps). The kernel's gradient
-    copies the narrower of `x` and the gradient: `x` transposed times the
-    gradient, or the gradient transposed times `x`, transposed back as
-    32-bit pairs of bfloat16 (`paired_transpose`). XLA gathers slowly
-    (about 10 ms for 4,096 x 1,024, 1 for 4,096 x 256), yet for wide inputs
-    too the copy and a fast product beat XLA's float32 product of `x` as it
-    is (forward and backward together, 2-core AMD EPYC with avx512_bf16,
-    4,096 rows: 256 x 1,024 13.2 ms against 21.8 in float32, 256 x 8,000
-    90 against 164); copying the gradient of the feed-forward network's
-    second layer instead of its input made a training step 1.05-1.08x as
-    fast again. Products with other copies of the transpose (a dynamic
-    slice or update of it, the kernel's gradient transposed back as it is)
-    failed in XLA's CPU runtime ("Unsupported element type for DotThunk":
-    it had planned them as bfloat16 products); these ran for every shape
-    tried: 88 products (rows 1 to 4,096, inputs 8 to 4,096, outputs 1 to
-    32,000; gradients equal to NumPy's) and 18 networks of three layers.
-    """
-    import jax
-    import jax.numpy as jnp
-
-    def product(x, kernel, contracted):
-        rows = x.ndim - contracted
-        axes = ((tuple(range(rows, x.ndim)), tuple(range(contracted))), ((), ()))
-        return jax.lax.dot_general(x, kernel, axes, preferred_element_type=jnp.float32)
-
-    @functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
-    def bfloat16_product(x, kernel, contracted):
-        return product(x, kernel, contracted)
-
-    def forward(x, kernel, contracted):
-        return product(x, kernel, contracted), (x, kernel)
-
-    def backward(contracted, saved, gradient):
-        x, kernel = saved
-        size = math.prod(kernel.shape[:contracted])
-        x_rows = x.reshape(-1, size)  # (rows, size)
-        matrix = kernel.reshape(size, -1)  # (size, outputs)
-        outputs = matrix.shape[1]
-        gradient = gradient.astype(jnp.bfloat16).reshape(x_rows.shape[0], outputs)
-        x_gradient = product(gradient, copied_transpose(matrix), 1)
-        if size > outputs and outputs % 2 == 0:
-            # The narrower operand is copied: (gradient^T x)^T.
-            kernel_gradient = paired_transpose(
-                product(copied_transpose(gradient), x_rows, 1).astype(jnp.bfloat16)
-            )
-        else:
-            kernel_gradient = product(copied_transpose(x_rows), gradient, 1)
-        return (
-            x_gradient.reshape(x.shape).astype(x.dtype),
-            kernel_gradient.reshape(kernel.shape).astype(kernel.dtype),
-        )
-
-    def copied_transpose(matrix):
-        # Rows gathered from the transpose: a copy that XLA does not fold
-        # back into the product as it folds a transpose.
-        return jnp.take(matrix.T, jnp.arange(matrix.shape[1]), axis=0)
-
-    def paired_transpose(matrix):
-        # A bfloat16 (2n, k) matrix transposed as n x k 32-bit words of two
-        # rows each. XLA would fold a plain transpose of a product's result
-        # into the product by swapping its operands, into one that its CPU
-        # runtime does not run ("Unsupported element type for DotThunk").
-        rows, columns = matrix.shape
-        pairs = jnp.swapaxes(matrix.reshape(rows // 2, 2, columns), 1, 2)
-        words = jax.lax.bitcast_convert_type(pairs, jnp.uint32)  # (rows / 2, columns)
-        return jax.lax.bitcast_convert_type(words.T, matrix.dtype).reshape(columns, rows)
-
-    bfloat16_product.defvjp(forward, backward)
-    return bfloat16_product
-
-
-def float32_product(x, y):
-    """`x @ y` as float32: for bfloat16 `x` and `y` on JAX (and on
-    TensorFlow inside `xla_decoding()`), one product whose float32 results
-    are not rounded to bfloat16 (`bfloat16_product`); `keras.ops.matmul`
-    otherwise.
-
-    XLA's CPU code multiplies bfloat16 matrices at twice its float32 rate
-    only into a float32 result; into a bfloat16 one it converts both to
-    float32 first. 128 x 128 by 128 x 8,000, compiled, one core of an AMD
-    EPYC with avx512_bf16: 1,310 us into float32, 3,062 into bfloat16,
-    2,591 in float32 throughout.
-    """
-    standardize = keras.backend.standardize_dtype
-    xla = keras.config.backend() == "jax" or getattr(_state, "xla_decoding", False)
-    if xla and standardize(x.dtype) == standardize(y.dtype) == "bfloat16":
-        return bfloat16_product(x, y)
-    return keras.ops.matmul(x, y)
-
-
-def xla_on_cpu():
-    """Whether the backend compiles with XLA (JAX, TensorFlow) and computes
-    on the CPU (no GPU or other accelerator)."""
-    backend = keras.config.backend()
-    if backend == "jax":
-        import jax
-
-        return jax.default_backend() == "cpu"
-    if backend == "tensorflow":
-        import tensorflow as tf
-
-        return not tf.config.list_logical_devices("GPU")
-    return False
 
 
 @contextlib.contextmanager
@@ -394,7 +192,6 @@ def dot_product_attention(query, key, value, mask=None):
     """
     if not _torch_direct():
         return keras.ops.dot_product_attention(query, key, value, mask=mask)
-    import torch
     from torch.nn.functional import scaled_dot_product_attention
 
     if mask is not None:
@@ -732,15 +529,6 @@ def _activated(layer, outputs):
     return outputs if activation is None else activation(outputs)
 
 
-def _rounded_to_bfloat16(layer, product):
-    """A layer's float32 `product` (`bfloat16_product`) plus its bias,
-    rounded to bfloat16 once, then activated."""
-    if layer.bias is not None:
-        product = product + keras.ops.cast(layer.bias, "float32")
-    outputs = keras.ops.cast(product, "bfloat16")
-    return outputs if layer.activation is None else layer.activation(outputs)
-
-
 @keras.saving.register_keras_serializable(package="keras_transformer")
 class Dense(DirectCall, keras.layers.Dense):
     """`keras.layers.Dense` that honours `direct_calls()`: on PyTorch its
@@ -749,7 +537,7 @@ class Dense(DirectCall, keras.layers.Dense):
     def call(self, inputs, training=None):
         if not bfloat16_products_in_float32(self, inputs, self._kernel):
             return super().call(inputs, training=training)
-        return _rounded_to_bfloat16(self, bfloat16_product(inputs, self._kernel.value))
+        return rounded_to_bfloat16(self, bfloat16_product(inputs, self._kernel.value))
 
     def _torch_plan(self):
         return True
@@ -795,7 +583,7 @@ class EinsumDense(DirectCall, keras.layers.EinsumDense):
         contracted = self._contracted_axes() if bfloat16_products_in_float32(self, inputs, self._kernel) else None
         if contracted is None:
             return super().call(inputs, training=training)
-        return _rounded_to_bfloat16(self, bfloat16_product(inputs, self._kernel.value, contracted))
+        return rounded_to_bfloat16(self, bfloat16_product(inputs, self._kernel.value, contracted))
 
     def _contracted_axes(self):
         """How many of the input's last axes contract with the kernel's

@@ -12,15 +12,15 @@ import math
 import keras
 from keras import ops
 
+from keras_transformer.layers.bfloat16_products import bfloat16_product
+from keras_transformer.layers.bfloat16_products import bfloat16_products_in_float32
+from keras_transformer.layers.bfloat16_products import float32_product
+from keras_transformer.layers.bfloat16_products import output_columns_of
+from keras_transformer.layers.bfloat16_products import xla_on_cpu
 from keras_transformer.layers.direct_calls import DirectCall
 from keras_transformer.layers.direct_calls import _cached
-from keras_transformer.layers.direct_calls import bfloat16_product
-from keras_transformer.layers.direct_calls import bfloat16_products_in_float32
-from keras_transformer.layers.direct_calls import float32_product
 from keras_transformer.layers.direct_calls import int8_product
-from keras_transformer.layers.direct_calls import output_columns_of
 from keras_transformer.layers.direct_calls import prepacked_product
-from keras_transformer.layers.direct_calls import xla_on_cpu
 
 # The most rows an output projection takes through `_torch_projection_columns`.
 _FEW_ROWS = 32
@@ -196,7 +196,7 @@ class SharedTokenEmbedding(DirectCall, keras.layers.ReversibleEmbedding):
         to the compiled functions). None elsewhere, and for weights that
         are neither float32 nor bfloat16 (computing in their own dtype) or
         not tied, a quantized layer or a soft cap. bfloat16 columns give
-        float32 logits (`direct_calls.float32_product`: XLA's fast bfloat16
+        float32 logits (`bfloat16_products.float32_product`: XLA's fast bfloat16
         product is the one into float32, and only from this layout).
 
         XLA's CPU product of a few rows by the transpose of a stored
