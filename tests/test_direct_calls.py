@@ -866,7 +866,7 @@ def test_int8_products_of_a_few_rows_in_float32_are_the_integer_products(dtype):
     from keras_transformer.layers import direct_calls as module
 
     quantizer = keras.quantizers.AbsMaxQuantizer(axis=-1)
-    inputs, outputs = module._EXACT_INT8_INPUTS, 8
+    inputs, outputs = module.EXACT_INT8_INPUTS, 8
     generator = torch.Generator().manual_seed(0)
     signs = torch.randint(0, 2, (inputs, outputs), generator=generator) * 2 - 1
     kernel = torch.randint(-127, 128, (inputs, outputs), generator=generator).to(torch.int8)

@@ -2,6 +2,8 @@
 bfloat16 computation, through `quantize`, `from_preset(dtype=...)` and the
 command line's --quantize and --dtype."""
 
+import types
+
 import keras
 import numpy as np
 import pytest
@@ -120,7 +122,6 @@ def test_compiled_bfloat16_projections_multiply_into_float32_on_xla():
     the layers' outputs are NumPy's float32 products of the same values,
     plus the bias, rounded once to bfloat16; the output projection gives
     float32 logits."""
-    import types
 
     import ml_dtypes
 
@@ -184,6 +185,74 @@ def test_compiled_bfloat16_projections_multiply_into_float32_on_xla():
         assert len(products) >= 5 and all(op.get_attr("Tout") == tf.float32 for op in products)
         # The float32 logits of the output projection.
         assert outputs[3].dtype == np.float32 and compiled(x)[3].dtype == tf.float32
+
+
+@pytest.mark.skipif(keras.config.backend() == "torch", reason="XLA's compiled decoding (PyTorch's: test_direct_calls.py)")
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_compiled_int8_projections_are_keras_int8_products(dtype, monkeypatch):
+    """In functions compiled for decoding on a CPU, the int8 layers
+    (`quantize("int8")`) multiply their quantized inputs by their int8
+    kernels as a bfloat16 product into float32
+    (`bfloat16_products.int8_product_in_float32`), and give Keras' own int8
+    results bit for bit: the same function compiled with Keras' int8
+    product (XLA's int8 product into int32) gives the same outputs. Among
+    the layers, one of the most inputs the float32 sums hold exactly
+    (1,040), at its worst case: every product +127 x +127."""
+    from keras_transformer.decoding.compiled import compile_for_inference
+    from keras_transformer.layers import direct_calls
+    from keras_transformer.layers import embedding as embedding_module
+    from keras_transformer.layers.bfloat16_products import EXACT_INT8_INPUTS
+    from keras_transformer.layers.bfloat16_products import int8_product_in_float32
+    from keras_transformer.layers.direct_calls import Dense
+    from keras_transformer.layers.direct_calls import EinsumDense
+
+    keras.utils.set_random_seed(4)
+    rng = np.random.default_rng(0)
+    inner = Dense(24, activation="relu", dtype=dtype)
+    heads = EinsumDense("btd,dnh->btnh", (None, 3, 4), bias_axes="nh", dtype=dtype)
+    merge = EinsumDense("btnh,nhd->btd", (None, 8), bias_axes="d", dtype=dtype)
+    embedding = SharedTokenEmbedding(vocabulary_size=40, d_model=8, dtype=dtype)
+    wide = Dense(6, dtype=dtype)
+    layers = (inner, heads, merge, embedding, wide)
+    for layer in layers:
+        layer.build({merge: (2, 5, 3, 4), wide: (2, 5, EXACT_INT8_INPUTS)}.get(layer, (2, 5, 8)))
+    for layer in (inner, heads, merge):  # (non-zero biases)
+        layer.bias.assign(rng.normal(size=layer.bias.shape))
+    signs = rng.choice([-1.0, 1.0], size=EXACT_INT8_INPUTS)
+    kernel = rng.normal(size=(EXACT_INT8_INPUTS, 6))
+    kernel[:, 0] = 3.0 * signs  # (quantized to +-127, the column's largest)
+    wide.kernel.assign(kernel)
+    for layer in layers:
+        layer.quantize("int8")
+    x = keras.ops.cast(rng.normal(size=(2, 5, 8)), dtype)
+    extreme = keras.ops.cast(np.broadcast_to(2.0 * signs, (2, 5, EXACT_INT8_INPUTS)), dtype)
+
+    def function(x, extreme):
+        return (
+            inner(x), heads(x), merge(keras.ops.reshape(heads(x), (2, 5, 3, 4))), embedding(x, reverse=True),
+            wide(extreme),
+        )
+
+    calls = []
+
+    def counted(*args, **kwargs):
+        calls.append(args)
+        return int8_product_in_float32(*args, **kwargs)
+
+    model = types.SimpleNamespace(variables=[v for layer in layers for v in layer.variables])
+    monkeypatch.setattr(direct_calls, "int8_product_in_float32", counted)
+    monkeypatch.setattr(embedding_module, "int8_product_in_float32", counted)
+    outputs = [to_numpy(keras.ops.cast(y, "float32")) for y in compile_for_inference(model, function)(x, extreme)]
+    assert len(calls) >= 6, len(calls)  # (every layer's product took it)
+    # Keras' own int8 calls, compiled alike.
+    monkeypatch.setattr(direct_calls, "int8_products_in_float32", lambda *args: False)
+    monkeypatch.setattr(embedding_module, "int8_products_in_float32", lambda *args: False)
+    expected = [to_numpy(keras.ops.cast(y, "float32")) for y in compile_for_inference(model, function)(x, extreme)]
+    for got, want in zip(outputs, expected):
+        np.testing.assert_array_equal(got, want)
+    # The worst case: 1,040 products of 127 x 127 (2**24 is 16,777,216).
+    scale = float(to_numpy(wide.kernel_scale)[0]) * 127 / 2.0
+    assert outputs[4][0, 0, 0] * scale == pytest.approx(EXACT_INT8_INPUTS * 127**2, rel=2**-7)
 
 
 @pytest.mark.skipif(keras.config.backend() != "jax", reason="JAX's bfloat16 products and their gradient")

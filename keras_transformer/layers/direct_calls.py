@@ -67,7 +67,10 @@ from keras.src.backend import AutocastScope
 from keras.src.backend import get_autocast_scope
 
 from keras_transformer.layers.bfloat16_products import bfloat16_product
+from keras_transformer.layers.bfloat16_products import EXACT_INT8_INPUTS
 from keras_transformer.layers.bfloat16_products import bfloat16_products_in_float32
+from keras_transformer.layers.bfloat16_products import int8_product_in_float32
+from keras_transformer.layers.bfloat16_products import int8_products_in_float32
 from keras_transformer.layers.bfloat16_products import rounded_to_bfloat16
 
 _state = threading.local()
@@ -348,9 +351,9 @@ def int8_product(quantizer, inputs, contracted, kernel, kernel_scale, dtype, flo
 def exact_float_kernel(kernel):
     """The float32 values of an int8 `kernel` for `int8_product`'s
     products of a few rows, or None: a CPU kernel of at most
-    `_EXACT_INT8_INPUTS` rows (where float32 sums the products exactly) and
+    `EXACT_INT8_INPUTS` rows (where float32 sums the products exactly) and
     `_FLOAT32_WEIGHTS` entries (a copy four times the kernel's size)."""
-    small = kernel.numel() <= _FLOAT32_WEIGHTS and kernel.shape[0] <= _EXACT_INT8_INPUTS
+    small = kernel.numel() <= _FLOAT32_WEIGHTS and kernel.shape[0] <= EXACT_INT8_INPUTS
     return kernel.float() if small and kernel.device.type == "cpu" else None
 
 
@@ -478,8 +481,6 @@ def _cpu_vendor():
 # order of the sums, before the result is rounded to bfloat16.
 _FLOAT32_PRODUCT = 2**20
 _FLOAT32_WEIGHTS = 2**18
-# The most inputs whose int8 products float32 sums exactly: 1,040 x 127**2 < 2**24.
-_EXACT_INT8_INPUTS = 1040
 
 
 def _cached(layer, name, source, make):
@@ -529,6 +530,14 @@ def _activated(layer, outputs):
     return outputs if activation is None else activation(outputs)
 
 
+def _biased_and_activated(layer, outputs):
+    """`outputs` plus the layer's bias, activated: the end of Keras'
+    `Dense` and `EinsumDense` calls."""
+    if layer.bias is not None:
+        outputs = keras.ops.add(outputs, layer.bias)
+    return outputs if layer.activation is None else layer.activation(outputs)
+
+
 @keras.saving.register_keras_serializable(package="keras_transformer")
 class Dense(DirectCall, keras.layers.Dense):
     """`keras.layers.Dense` that honours `direct_calls()`: on PyTorch its
@@ -538,6 +547,15 @@ class Dense(DirectCall, keras.layers.Dense):
         if not bfloat16_products_in_float32(self, inputs, self._kernel):
             return super().call(inputs, training=training)
         return rounded_to_bfloat16(self, bfloat16_product(inputs, self._kernel.value))
+
+    def _int8_call(self, inputs, training=None):
+        if not int8_products_in_float32(self, self._kernel.shape[0]):
+            return super()._int8_call(inputs, training=training)
+        # Keras' int8 call, its product in float32 (`int8_product_in_float32`).
+        quantized, inputs_scale = self.inputs_quantizer(inputs, axis=-1)
+        outputs = keras.ops.cast(int8_product_in_float32(quantized, self._kernel), self.compute_dtype)
+        outputs = keras.ops.divide(outputs, keras.ops.multiply(self.kernel_scale, inputs_scale))
+        return _biased_and_activated(self, outputs)
 
     def _torch_plan(self):
         return True
@@ -584,6 +602,18 @@ class EinsumDense(DirectCall, keras.layers.EinsumDense):
         if contracted is None:
             return super().call(inputs, training=training)
         return rounded_to_bfloat16(self, bfloat16_product(inputs, self._kernel.value, contracted))
+
+    def _int8_call(self, inputs, training=None):
+        contracted = self._contracted_axes()
+        size = None if contracted is None else math.prod(self._kernel.shape[:contracted])
+        if contracted is None or not int8_products_in_float32(self, size):
+            return super()._int8_call(inputs, training=training)
+        # Keras' int8 call, its product in float32 (`int8_product_in_float32`).
+        quantized, inputs_scale = self.inputs_quantizer(inputs, axis=self.quantization_axis)
+        inputs_scale = self._adjust_scale_for_quant(inputs_scale, "input")
+        outputs = keras.ops.cast(int8_product_in_float32(quantized, self._kernel, contracted), self.compute_dtype)
+        outputs = keras.ops.divide(outputs, keras.ops.multiply(inputs_scale, self.kernel_scale))
+        return _biased_and_activated(self, outputs)
 
     def _contracted_axes(self):
         """How many of the input's last axes contract with the kernel's

@@ -15,6 +15,8 @@ from keras import ops
 from keras_transformer.layers.bfloat16_products import bfloat16_product
 from keras_transformer.layers.bfloat16_products import bfloat16_products_in_float32
 from keras_transformer.layers.bfloat16_products import float32_product
+from keras_transformer.layers.bfloat16_products import int8_product_in_float32
+from keras_transformer.layers.bfloat16_products import int8_products_in_float32
 from keras_transformer.layers.bfloat16_products import output_columns_of
 from keras_transformer.layers.bfloat16_products import xla_on_cpu
 from keras_transformer.layers.direct_calls import DirectCall
@@ -243,6 +245,14 @@ class SharedTokenEmbedding(DirectCall, keras.layers.ReversibleEmbedding):
             and self.logit_soft_cap is None
         )
 
+    def _tied_int8_projection(self):
+        """Whether the output projection is Keras' int8 product by the
+        tied embeddings, with no reverse dtype or soft cap."""
+        return (
+            self.quantization_mode == "int8" and self.tie_weights and self.reverse_dtype is None
+            and self.logit_soft_cap is None
+        )
+
     def _shared_call(self, embedding_call, inputs, reverse):
         """`ReversibleEmbedding`'s call (float or quantized), scaled by
         sqrt(d_model) as an embedding, plus the logits bias as the output
@@ -254,6 +264,13 @@ class SharedTokenEmbedding(DirectCall, keras.layers.ReversibleEmbedding):
                 logits = float32_product(inputs, columns)  # (`output_columns`)
             elif self._tied_projection() and bfloat16_products_in_float32(self, inputs, self.embeddings):
                 logits = bfloat16_product(inputs, ops.transpose(self.embeddings.value))
+            elif self._tied_int8_projection() and int8_products_in_float32(self, self.output_dim):
+                # Keras' int8 output projection, its product in float32
+                # (`int8_product_in_float32`).
+                quantized, inputs_scale = self.inputs_quantizer(inputs)
+                kernel = ops.transpose(self._embeddings)
+                logits = ops.cast(int8_product_in_float32(quantized, kernel), self.compute_dtype)
+                logits = ops.divide(logits, ops.multiply(inputs_scale, ops.transpose(self.embeddings_scale)))
             elif mixed:
                 # Mixed precision. Keras' `Embedding` does not autocast its
                 # variable (a lookup casts the rows it reads), so its output
