@@ -66,8 +66,8 @@ import keras
 from keras.src.backend import AutocastScope
 from keras.src.backend import get_autocast_scope
 
-from keras_transformer.layers.bfloat16_products import bfloat16_product
 from keras_transformer.layers.bfloat16_products import EXACT_INT8_INPUTS
+from keras_transformer.layers.bfloat16_products import bfloat16_product
 from keras_transformer.layers.bfloat16_products import bfloat16_products_in_float32
 from keras_transformer.layers.bfloat16_products import int8_product_in_float32
 from keras_transformer.layers.bfloat16_products import int8_products_in_float32
