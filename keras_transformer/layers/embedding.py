@@ -237,19 +237,12 @@ class SharedTokenEmbedding(DirectCall, keras.layers.ReversibleEmbedding):
             and self.compute_dtype in ("float32", "bfloat16")
         )
 
-    def _tied_projection(self):
-        """Whether the output projection is a plain product by the float
-        embeddings: tied, not quantized, no reverse dtype or soft cap."""
+    def _tied_projection(self, quantization_mode=None):
+        """Whether the output projection is a plain product by the
+        embeddings, float (or quantized in `quantization_mode`): tied, no
+        reverse dtype or soft cap."""
         return (
-            self.quantization_mode is None and self.tie_weights and self.reverse_dtype is None
-            and self.logit_soft_cap is None
-        )
-
-    def _tied_int8_projection(self):
-        """Whether the output projection is Keras' int8 product by the
-        tied embeddings, with no reverse dtype or soft cap."""
-        return (
-            self.quantization_mode == "int8" and self.tie_weights and self.reverse_dtype is None
+            self.quantization_mode == quantization_mode and self.tie_weights and self.reverse_dtype is None
             and self.logit_soft_cap is None
         )
 
@@ -264,7 +257,7 @@ class SharedTokenEmbedding(DirectCall, keras.layers.ReversibleEmbedding):
                 logits = float32_product(inputs, columns)  # (`output_columns`)
             elif self._tied_projection() and bfloat16_products_in_float32(self, inputs, self.embeddings):
                 logits = bfloat16_product(inputs, ops.transpose(self.embeddings.value))
-            elif self._tied_int8_projection() and int8_products_in_float32(self, self.output_dim):
+            elif self._tied_projection("int8") and int8_products_in_float32(self, self.output_dim):
                 # Keras' int8 output projection, its product in float32
                 # (`int8_product_in_float32`).
                 quantized, inputs_scale = self.inputs_quantizer(inputs)
