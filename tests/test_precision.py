@@ -233,17 +233,18 @@ def test_compiled_int8_projections_are_keras_int8_products(dtype, monkeypatch):
             wide(extreme),
         )
 
-    calls = []
+    kernels = set()  # the shapes of the kernels multiplied so
 
-    def counted(*args, **kwargs):
-        calls.append(args)
-        return int8_product_in_float32(*args, **kwargs)
+    def counted(quantized, kernel, *args, **kwargs):
+        kernels.add(tuple(kernel.shape))
+        return int8_product_in_float32(quantized, kernel, *args, **kwargs)
 
     model = types.SimpleNamespace(variables=[v for layer in layers for v in layer.variables])
     monkeypatch.setattr(direct_calls, "int8_product_in_float32", counted)
     monkeypatch.setattr(embedding_module, "int8_product_in_float32", counted)
     outputs = [to_numpy(keras.ops.cast(y, "float32")) for y in compile_for_inference(model, function)(x, extreme)]
-    assert len(calls) >= 6, len(calls)  # (every layer's product took it)
+    # Every layer's product took it (the output projection's kernel is the embeddings' transpose).
+    assert kernels == {(8, 24), (8, 3, 4), (3, 4, 8), (8, 40), (EXACT_INT8_INPUTS, 6)}, kernels
     # Keras' own int8 calls, compiled alike.
     monkeypatch.setattr(direct_calls, "int8_products_in_float32", lambda *args: False)
     monkeypatch.setattr(embedding_module, "int8_products_in_float32", lambda *args: False)
