@@ -44,6 +44,10 @@ def _add_export(subparsers):
     p.add_argument("--max-length-offset", type=arguments.positive_int, default=50,
                    help="at most source length + this many output tokens (default: 50)")
     p.add_argument("--overwrite", action="store_true", help="replace an earlier export in the output directory")
+    p.add_argument("--jit-compile", action="store_true",
+                   help="compile the search with XLA: several times as fast one sentence at a time, but each "
+                   "new input shape compiles at its first request (TF Serving on CPUs: "
+                   "--xla_cpu_compilation_enabled=true)")
     add_precision(p)
 
 
@@ -55,7 +59,7 @@ def _export(args):
         path = export_saved_model(
             args.preset, args.output_dir, beam_size=args.beam_size, alpha=args.alpha,
             max_length_offset=args.max_length_offset, overwrite=args.overwrite, dtype=args.dtype,
-            quantize=args.quantize,
+            quantize=args.quantize, jit_compile=args.jit_compile,
         )
     except ExportError as error:
         raise SystemExit(f"error: {error}") from None

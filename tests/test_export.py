@@ -87,9 +87,13 @@ not_in_jax_run = pytest.mark.skipif(
 )
 
 
+@pytest.fixture(scope="module")
+def served(exported, texts):
+    return load_elsewhere(exported, texts)
+
+
 @not_in_jax_run
-def test_saved_model_translates_like_the_package(exported, texts):
-    served = load_elsewhere(exported, texts)
+def test_saved_model_translates_like_the_package(served, texts):
     assert served["forbidden_modules"] == []
     assert served["signatures"] == ["serving_default", "translate_ids"]
 
@@ -107,6 +111,37 @@ def test_saved_model_translates_like_the_package(exported, texts):
     assert served["lengths"][12:15] == [0, 0, 0]
     assert "max_sequence_length=256" in served["too_long"]
     assert served["no_texts"] == {"token_ids": [0, 0], "lengths": [0], "scores": [0]}
+
+
+def _xla_compiled_functions(path):
+    """The names of the SavedModel's functions that XLA must compile."""
+    from tensorflow.core.protobuf import saved_model_pb2
+
+    saved_model = saved_model_pb2.SavedModel()
+    with open(os.path.join(path, "saved_model.pb"), "rb") as f:
+        saved_model.ParseFromString(f.read())
+    functions = saved_model.meta_graphs[0].graph_def.library.function
+    return [f.signature.name for f in functions if f.attr["_XlaMustCompile"].b]
+
+
+@not_in_jax_run
+def test_saved_model_compiled_by_xla_translates_as_the_graph_does(exported, served, texts, tmp_path):
+    path = str(tmp_path / "en-de-xla")
+    with pytest.warns(UserWarning, match="first of the ensemble"):
+        export_saved_model(PRESET, path, beam_size=4, alpha=0.6, jit_compile=True)
+    assert _xla_compiled_functions(path) and not _xla_compiled_functions(exported)
+    # 15 texts: chunks of 4 sources sorted by length inside, the last filled up
+    # with a copy of its longest (as_function's 2 with two; no texts: no chunk).
+    compiled = load_elsewhere(path, texts[1:])
+    assert compiled["forbidden_modules"] == []
+    assert compiled["translations"] == served["translations"][1:]
+    assert compiled["as_function"] == served["translations"][1:3]
+    assert compiled["lengths"] == served["lengths"][1:]
+    for ids, expected, length in zip(compiled["token_ids"], served["token_ids"][1:], compiled["lengths"]):
+        assert ids[:length] == expected[:length]
+    np.testing.assert_allclose(compiled["scores"], served["scores"][1:], atol=1e-4)
+    assert "max_sequence_length=256" in compiled["too_long"]
+    assert compiled["no_texts"] == served["no_texts"]
 
 
 def test_blank_in_the_saved_model_is_blank_in_python():
