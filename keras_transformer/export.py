@@ -341,12 +341,6 @@ class Translator(tf.Module):
         )
         with tf.control_dependencies([check]):
             encoder_ids = sources.to_tensor(default_value=self.pad_id)
-        if self.jit_compile:
-            width = tf.shape(encoder_ids)[1]
-            encoder_ids = tf.pad(
-                encoder_ids, [[0, 0], [0, tf.minimum(_round_up(width, 8), limit) - width]],
-                constant_values=self.pad_id,
-            )
         encoder_mask = tf.cast(tf.sequence_mask(source_lengths, tf.shape(encoder_ids)[1]), tf.int32)
         budgets = rules.output_budget(source_lengths, self.max_length_offset, limit, xp=rules.KerasOps)
         token_ids, lengths, scores = self._beam_search(encoder_ids, encoder_mask, budgets)
@@ -376,6 +370,10 @@ class Translator(tf.Module):
         order = tf.argsort(source_lengths, stable=True)
         chunks = (batch + size - 1) // tf.maximum(size, 1)
         filled = tf.concat([order, tf.repeat(order[-1:], chunks * size - batch)], axis=0)
+        # Room for every chunk's length rounded up to 8.
+        padding = [[0, 0], [0, tf.minimum(_round_up(tf.shape(encoder_ids)[1], 8), limit) - tf.shape(encoder_ids)[1]]]
+        encoder_ids = tf.pad(encoder_ids, padding, constant_values=self.pad_id)
+        encoder_mask = tf.pad(encoder_mask, padding)
         width = _cache_length(tf.shape(encoder_ids)[1], self.max_length_offset, limit) - 1
         search = search_loop_function(model, self.beam_size, 1, self.alpha, "gnmt")
 
