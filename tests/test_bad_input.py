@@ -249,7 +249,7 @@ def test_a_full_disk_is_said_and_leaves_the_preset_as_it_was(preset, monkeypatch
         assert sorted(os.listdir(tmp_path)) == ["preset"]  # nothing left behind
 
 
-def _fake_write(model, saved_model, beam_size, alpha, max_length_offset):
+def _fake_write(model, saved_model, beam_size, alpha, max_length_offset, jit_compile=False):
     """What the SavedModel writer writes (test_export.py runs the real
     one): the SavedModel's entries, which say their beam size."""
     for name in ("variables", "assets"):
@@ -259,9 +259,9 @@ def _fake_write(model, saved_model, beam_size, alpha, max_length_offset):
             f.write(f"beam {beam_size}")
 
 
-def _fake_tensorflow_export(model, saved_model, staging, beam_size, alpha, max_length_offset, dtype=None, quantize=None):
+def _fake_tensorflow_export(model, saved_model, staging, search, dtype=None, quantize=None):
     """`_fake_write` as the TensorFlow subprocess of the other backends does it."""
-    _fake_write(model, saved_model, beam_size, alpha, max_length_offset)
+    _fake_write(model, saved_model, **search)
 
 
 def _child_report(monkeypatch, capsys, error):
@@ -307,7 +307,7 @@ def test_export_overwrite_keeps_the_users_files_and_says_disk_full(preset, monke
     if in_process:
         import tensorflow as tf
 
-        def full(*args):
+        def full(*args, **kwargs):
             raise tf.errors.ResourceExhaustedError(None, None, "saved_model.pb; No space left on device")
 
         monkeypatch.setattr(export, "_write", full)
