@@ -16,7 +16,9 @@ float32 SavedModel (above 1: faster).
 jit_compile=True)`) for each precision. XLA compiles once an input shape,
 so every engine first translates the timed sentences once untimed (each
 shape compiled: a TF Serving warm-up), and that pass's time is printed
-too; `generate` compiles so as well.
+too; `generate` compiles so as well. `--ensemble` exports an ensemble
+preset's models all together (`ensemble=True`) and lets `generate` decode
+them all; without it both hold its first model alone.
 """
 
 import argparse
@@ -61,6 +63,9 @@ def main():
                         help="the SavedModels to export: float32, int8 (weights), bfloat16, comma-separated")
     parser.add_argument("--jit-compile", action="store_true",
                         help="also export each precision compiled by XLA (jit_compile=True)")
+    parser.add_argument("--ensemble", action="store_true",
+                        help="an ensemble preset's models all together (ensemble=True), in the exports and "
+                        "in generate; without it, its first model alone")
     args = parser.parse_args()
 
     sources, references = multi30k.load("test_2016_flickr", args.source, args.target, args.data_dir)
@@ -75,7 +80,8 @@ def main():
         options = {"quantize": "int8"} if precision == "int8" else {"dtype": precision}
         start = time.perf_counter()
         export_saved_model(
-            args.preset, export_dir, beam_size=args.beam_size, alpha=args.alpha, jit_compile=jit_compile, **options
+            args.preset, export_dir, beam_size=args.beam_size, alpha=args.alpha, jit_compile=jit_compile,
+            ensemble=args.ensemble, **options
         )
         name = f"SavedModel {precision}" + (" (XLA)" if jit_compile else "")
         sizes[name] = f"{directory_size(export_dir) / 2**20:.1f} MiB, exported in {time.perf_counter() - start:.0f} s"
@@ -84,8 +90,8 @@ def main():
             text.decode("utf-8") for text in signature(text=tf.constant(texts))["translations"].numpy()
         ]
     model = TransformerSeq2SeqLM.from_preset(args.preset)
-    # An ensemble preset's first model alone: the model the peers hold.
-    model.set_ensemble_members([])
+    if not args.ensemble:  # an ensemble preset's first model alone, as the exports hold it
+        model.set_ensemble_members([])
     runs["generate float32"] = lambda texts: model.generate(texts, batch_size=64, **decoding)
 
     results = {}
@@ -108,7 +114,8 @@ def main():
     import keras
 
     print(f"processor: {processor()}; preset {args.preset}, "
-          f"beam {args.beam_size}, alpha {args.alpha}; generate on {keras.config.backend()}; "
+          f"beam {args.beam_size}, alpha {args.alpha}; {1 + len(model.ensemble_members)} model(s); "
+          f"generate on {keras.config.backend()}; "
           f"{args.single} sentences one at a time, {args.batched} in batches of 64")
     for name, size in sizes.items():
         print(f"{name}: {size}")

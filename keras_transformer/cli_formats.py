@@ -48,6 +48,9 @@ def _add_export(subparsers):
                    help="compile the search with XLA: several times as fast one sentence at a time, but each "
                    "new input shape compiles at its first request (TF Serving on CPUs: "
                    "--xla_cpu_compilation_enabled=true)")
+    p.add_argument("--ensemble", action="store_true",
+                   help="for an ensemble preset, hold all its models and decode them together, as translate "
+                   "does (default: its first model alone)")
     add_precision(p)
 
 
@@ -59,7 +62,7 @@ def _export(args):
         path = export_saved_model(
             args.preset, args.output_dir, beam_size=args.beam_size, alpha=args.alpha,
             max_length_offset=args.max_length_offset, overwrite=args.overwrite, dtype=args.dtype,
-            quantize=args.quantize, jit_compile=args.jit_compile,
+            quantize=args.quantize, jit_compile=args.jit_compile, ensemble=args.ensemble,
         )
     except ExportError as error:
         raise SystemExit(f"error: {error}") from None

@@ -48,7 +48,9 @@ import tensorflow as tf
 import tensorflow_text as tf_text
 
 from keras_transformer.decoding import rules
+from keras_transformer.decoding.beam import ENSEMBLE_LOOP_BATCH_SIZE
 from keras_transformer.decoding.beam import LOOP_BATCH_SIZES
+from keras_transformer.decoding.ensemble import Ensemble
 from keras_transformer.decoding.interface import search_loop_function
 from keras_transformer.decoding.loop import search_loop
 from keras_transformer.presets import ensembles
@@ -65,7 +67,7 @@ BLANK = r"[\t-\r\x{1c}-\x{1f}\x{85}\p{Z}]*"
 
 def export_saved_model(
     model, export_dir, beam_size=4, alpha=0.6, max_length_offset=50, overwrite=False, dtype=None, quantize=None,
-    jit_compile=False,
+    jit_compile=False, ensemble=False,
 ):
     """Writes a SavedModel that translates strings (see the module docstring).
 
@@ -98,6 +100,13 @@ def export_saved_model(
             that length. TensorFlow Serving runs such a SavedModel on CPUs
             only with `--xla_cpu_compilation_enabled=true` (without it the
             first request fails).
+        ensemble: for an ensemble preset (or a model with
+            `ensemble_members`), hold all its models and decode them
+            together, as `generate` does by default
+            (`keras_transformer.decoding.Ensemble`): the preset's quality,
+            at the cost of every model's weights and steps. Without it the
+            SavedModel holds the first model alone, and says so in a
+            warning.
 
     Returns:
         `export_dir`.
@@ -123,10 +132,11 @@ def export_saved_model(
         )
     _check_exportable(model)
     _check_precision(model, dtype, quantize)
-    ensembles.warn_first_model_only(model, "The SavedModel")
+    if not ensemble:
+        ensembles.warn_first_model_only(model, "The SavedModel")
     precision = {"dtype": dtype, "quantize": quantize}
     search = {"beam_size": beam_size, "alpha": alpha, "max_length_offset": max_length_offset,
-              "jit_compile": bool(jit_compile)}
+              "jit_compile": bool(jit_compile), "ensemble": bool(ensemble)}
     export_dir = os.path.abspath(os.fspath(export_dir))
     if os.path.isfile(export_dir):
         raise FileExistsError(f"{export_dir!r} is a file; give a directory for the SavedModel.")
@@ -214,7 +224,8 @@ def _load(model, dtype=None, quantize=None):
         return model
     model = TransformerSeq2SeqLM.from_preset(model, **({"dtype": dtype} if dtype else {}))
     if quantize:
-        model.quantize(quantize)
+        for each in [model, *model.ensemble_members]:
+            each.quantize(quantize)
     return model
 
 
@@ -232,6 +243,7 @@ def _write_in_tensorflow_process(model, saved_model, staging, search, dtype=None
         str(search["max_length_offset"]),
     ]
     command += ["--jit-compile"] if search["jit_compile"] else []
+    command += ["--ensemble"] if search["ensemble"] else []
     command += ["--dtype", dtype] if dtype else []
     command += ["--quantize", quantize] if quantize else []
     env = {**os.environ, "KERAS_BACKEND": "tensorflow", "TF_CPP_MIN_LOG_LEVEL": "3"}
@@ -263,8 +275,8 @@ def _subprocess_error(stderr):
     return ExportError(f"The export under TensorFlow failed:\n{stderr[-4000:]}")
 
 
-def _write(model, path, beam_size, alpha, max_length_offset, jit_compile=False):
-    translator = Translator(model, beam_size, alpha, max_length_offset, jit_compile)
+def _write(model, path, beam_size, alpha, max_length_offset, jit_compile=False, ensemble=False):
+    translator = Translator(model, beam_size, alpha, max_length_offset, jit_compile, ensemble)
     signatures = {"serving_default": translator.translate, "translate_ids": translator.translate_ids}
     # The signatures translate; no gradients to trace for them.
     options = tf.saved_model.SaveOptions(experimental_custom_gradients=False)
@@ -281,17 +293,21 @@ class _Untracked:
 class Translator(tf.Module):
     """The model, the tokenizer and beam search as one `tf.Module`, with
     `translate` and `translate_ids` (the signatures) as its functions;
-    with `jit_compile`, the search in them is compiled by XLA."""
+    with `jit_compile`, the search in them is compiled by XLA; with
+    `ensemble`, the model and its `ensemble_members` decode together."""
 
-    def __init__(self, model, beam_size, alpha, max_length_offset, jit_compile=False):
+    def __init__(self, model, beam_size, alpha, max_length_offset, jit_compile=False, ensemble=False):
         super().__init__(name="translator")
         if model.preprocessor is None:
             raise ValueError("Export needs a model with a preprocessor (its tokenizer).")
-        # The model's variables are tracked here, so that the SavedModel
-        # saves them; the model itself is held untracked (`_Untracked`):
-        # the saver would otherwise walk every attribute of every layer.
-        self._held = _Untracked(model)
-        self.model_variables = list(model.variables)
+        members = list(model.ensemble_members) if ensemble else []
+        decoding = Ensemble([model, *members]) if members else model
+        # The models' variables are tracked here, so that the SavedModel
+        # saves them; the models themselves are held untracked
+        # (`_Untracked`): the saver would otherwise walk every attribute of
+        # every layer.
+        self._held = _Untracked(decoding)
+        self.model_variables = list(decoding.variables)
         tokenizer = model.preprocessor.tokenizer
         if hasattr(tokenizer, "graph_tokenizer"):  # MarianTokenizer: tracked tables
             self.tokenizer = tokenizer.graph_tokenizer()
@@ -365,7 +381,8 @@ class Translator(tf.Module):
         model = self._held.model
         limit = model.backbone.max_sequence_length
         batch = tf.shape(encoder_ids)[0]
-        size = tf.minimum(batch, LOOP_BATCH_SIZES["tensorflow"])
+        most = ENSEMBLE_LOOP_BATCH_SIZE if isinstance(model, Ensemble) else LOOP_BATCH_SIZES["tensorflow"]
+        size = tf.minimum(batch, most)
         source_lengths = tf.reduce_sum(encoder_mask, axis=1)
         order = tf.argsort(source_lengths, stable=True)
         chunks = (batch + size - 1) // tf.maximum(size, 1)
@@ -436,10 +453,14 @@ def main(argv=None):
     parser.add_argument("--dtype")
     parser.add_argument("--quantize")
     parser.add_argument("--jit-compile", action="store_true")
+    parser.add_argument("--ensemble", action="store_true")
     args = parser.parse_args(argv)
     try:
         model = _load(args.preset, args.dtype, args.quantize)
-        _write(model, args.export_dir, args.beam_size, args.alpha, args.max_length_offset, args.jit_compile)
+        _write(
+            model, args.export_dir, args.beam_size, args.alpha, args.max_length_offset, args.jit_compile,
+            args.ensemble,
+        )
     except Exception as error:
         from keras_transformer.presets import PresetError
         from keras_transformer.utils.files import is_disk_full

@@ -249,7 +249,7 @@ def test_a_full_disk_is_said_and_leaves_the_preset_as_it_was(preset, monkeypatch
         assert sorted(os.listdir(tmp_path)) == ["preset"]  # nothing left behind
 
 
-def _fake_write(model, saved_model, beam_size, alpha, max_length_offset, jit_compile=False):
+def _fake_write(model, saved_model, beam_size, alpha, max_length_offset, jit_compile=False, ensemble=False):
     """What the SavedModel writer writes (test_export.py runs the real
     one): the SavedModel's entries, which say their beam size."""
     for name in ("variables", "assets"):

@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import warnings
 
 import keras
 import numpy as np
@@ -142,6 +143,25 @@ def test_saved_model_compiled_by_xla_translates_as_the_graph_does(exported, serv
     np.testing.assert_allclose(compiled["scores"], served["scores"][1:], atol=1e-4)
     assert "max_sequence_length=256" in compiled["too_long"]
     assert compiled["no_texts"] == served["no_texts"]
+
+
+@not_in_jax_run
+def test_saved_model_of_an_ensemble_decodes_all_its_models(texts, tmp_path):
+    path = str(tmp_path / "en-de-ensemble")
+    with warnings.catch_warnings():
+        # No warning that the first model stands alone.
+        warnings.filterwarnings("error", message=".*first of the ensemble")
+        export_saved_model(PRESET, path, beam_size=4, alpha=0.6, jit_compile=True, ensemble=True)
+    chosen = texts[:6] + texts[12:13]  # a blank text among them
+    served = load_elsewhere(path, chosen)
+    model = TransformerSeq2SeqLM.from_preset(PRESET)  # the preset's five models
+    expected = [best for best, *_ in model.generate(chosen, beam_size=4, alpha=0.6, return_scores=True)]
+    # (The first model alone translates some of these otherwise.)
+    assert model.generate(chosen, ensemble=[]) != [text for text, _ in expected]
+    assert served["translations"] == [text for text, _ in expected]
+    np.testing.assert_allclose(served["scores"], [score for _, score in expected], atol=1e-4)
+    assert served["as_function"] == served["translations"][:2]
+    assert served["no_texts"] == {"token_ids": [0, 0], "lengths": [0], "scores": [0]}
 
 
 def test_blank_in_the_saved_model_is_blank_in_python():
