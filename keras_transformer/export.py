@@ -35,6 +35,8 @@ runs itself in a TensorFlow subprocess (weights are portable).
 `jit_compile=True` compiles the search with XLA, as `generate` compiles it
 on TensorFlow: one sentence at a time several times as fast, at the cost of
 a compilation for every new input shape (see `export_saved_model`).
+`ensemble=True` holds all the models of an ensemble preset and decodes them
+together, as `generate` does; by default the SavedModel holds the first.
 """
 
 import errno
@@ -50,6 +52,7 @@ import tensorflow_text as tf_text
 from keras_transformer.decoding import rules
 from keras_transformer.decoding.beam import ENSEMBLE_LOOP_BATCH_SIZE
 from keras_transformer.decoding.beam import LOOP_BATCH_SIZES
+from keras_transformer.decoding.beam import round_up
 from keras_transformer.decoding.ensemble import Ensemble
 from keras_transformer.decoding.interface import search_loop_function
 from keras_transformer.decoding.loop import search_loop
@@ -369,8 +372,9 @@ class Translator(tf.Module):
     def _compiled_beam_search(self, encoder_ids, encoder_mask, budgets):
         """`_beam_search` compiled by XLA, as `generate` searches a few
         sources at a time on TensorFlow: the sources sorted by length, in
-        chunks of `LOOP_BATCH_SIZES["tensorflow"]` (fewer in a smaller
-        batch), the last one filled up with copies of its longest source,
+        chunks of `LOOP_BATCH_SIZES["tensorflow"]` (an ensemble's:
+        `ENSEMBLE_LOOP_BATCH_SIZE`; fewer in a smaller batch), the last one
+        filled up with copies of its longest source,
         each chunk searched by `generate`'s compiled loop
         (`interface.search_loop_function`) at its own length rounded up to
         8 tokens and the cache length that follows from it. So a chunk's
@@ -388,7 +392,8 @@ class Translator(tf.Module):
         chunks = (batch + size - 1) // tf.maximum(size, 1)
         filled = tf.concat([order, tf.repeat(order[-1:], chunks * size - batch)], axis=0)
         # Room for every chunk's length rounded up to 8.
-        padding = [[0, 0], [0, tf.minimum(_round_up(tf.shape(encoder_ids)[1], 8), limit) - tf.shape(encoder_ids)[1]]]
+        batch_width = tf.shape(encoder_ids)[1]
+        padding = [[0, 0], [0, tf.minimum(round_up(batch_width, 8), limit) - batch_width]]
         encoder_ids = tf.pad(encoder_ids, padding, constant_values=self.pad_id)
         encoder_mask = tf.pad(encoder_mask, padding)
         width = _cache_length(tf.shape(encoder_ids)[1], self.max_length_offset, limit) - 1
@@ -396,7 +401,7 @@ class Translator(tf.Module):
 
         def chunk(i, found_ids, found_lengths, found_scores):
             rows = filled[i * size : (i + 1) * size]
-            length = tf.minimum(_round_up(tf.reduce_max(tf.gather(source_lengths, rows)), 8), limit)
+            length = tf.minimum(round_up(tf.reduce_max(tf.gather(source_lengths, rows)), 8), limit)
             ids, lengths, scores, _ = search(
                 tf.gather(encoder_ids, rows)[:, :length], tf.gather(encoder_mask, rows)[:, :length],
                 tf.gather(budgets, rows), tf.zeros([_cache_length(length, self.max_length_offset, limit)], tf.int32),
@@ -430,15 +435,11 @@ class Translator(tf.Module):
         return token_ids[:, 0], lengths[:, 0], scores[:, 0]
 
 
-def _round_up(value, multiple):
-    return (value + multiple - 1) // multiple * multiple
-
-
 def _cache_length(source_length, max_length_offset, limit):
     """The self-attention cache's positions for sources padded to
     `source_length` tokens, as `generate`'s loop has them
     (`beam._search_in_loop`)."""
-    return tf.minimum(_round_up(source_length + max_length_offset + 1, 8), limit)
+    return tf.minimum(round_up(source_length + max_length_offset + 1, 8), limit)
 
 
 def main(argv=None):
