@@ -99,8 +99,8 @@ def export_saved_model(
             tokenization stays outside. Several times as fast one sentence
             at a time, about twice as fast in batches (docs/export.md);
             but XLA compiles once for each source length (rounded up to 8
-            tokens), 1-3 s on a CPU at the first request with a source of
-            that length. TensorFlow Serving runs such a SavedModel on CPUs
+            tokens; for requests of 1-3 texts, once for each number too),
+            1-3 s on a CPU at the first request of that shape. TensorFlow Serving runs such a SavedModel on CPUs
             only with `--xla_cpu_compilation_enabled=true` (without it the
             first request fails).
         ensemble: for an ensemble preset (or a model with
@@ -161,7 +161,7 @@ def export_saved_model(
     ) as staging:
         saved_model = os.path.join(staging, "saved_model")
         if keras.config.backend() == "tensorflow":
-            model = _load(model, **precision)
+            model = _load(model, **precision, ensemble=ensemble)
             _write(model, saved_model, **search)
         else:
             _write_in_tensorflow_process(model, saved_model, staging, search, **precision)
@@ -220,12 +220,14 @@ def _check_precision(model, dtype, quantize):
         )
 
 
-def _load(model, dtype=None, quantize=None):
+def _load(model, dtype=None, quantize=None, ensemble=False):
     from keras_transformer.models import TransformerSeq2SeqLM
 
     if isinstance(model, TransformerSeq2SeqLM):
         return model
-    model = TransformerSeq2SeqLM.from_preset(model, **({"dtype": dtype} if dtype else {}))
+    model = TransformerSeq2SeqLM.from_preset(
+        model, load_ensemble=ensemble, **({"dtype": dtype} if dtype else {})
+    )
     if quantize:
         for each in [model, *model.ensemble_members]:
             each.quantize(quantize)
@@ -344,7 +346,9 @@ class Translator(tf.Module):
         model = self._held.model
         limit = model.backbone.max_sequence_length
         empty = tf.strings.regex_full_match(text, BLANK)
-        pieces = self.tokenizer.tokenize(text)
+        # A blank text is searched as an empty one (its translation is
+        # empty): whitespace can make hundreds of pieces.
+        pieces = self.tokenizer.tokenize(tf.where(empty, "", text))
         batch = tf.shape(text)[0]
         end = tf.fill([batch, 1], self.end_id)
         # Framed as the preprocessor frames sources (`SpecialTokenIds.frame_source`).
@@ -380,8 +384,8 @@ class Translator(tf.Module):
         8 tokens and the cache length that follows from it. So a chunk's
         shape depends on its sources' length, not on the batch (but for
         batches of 1-3): XLA compiles once a length. (64 sources at a time
-        ran twice as fast so as in one loop, where every source waits for
-        the batch's longest output: docs/export.md.)"""
+        ran twice as fast in chunks as in one loop, where every source
+        waits for the batch's longest output: docs/export.md.)"""
         model = self._held.model
         limit = model.backbone.max_sequence_length
         batch = tf.shape(encoder_ids)[0]
@@ -457,7 +461,7 @@ def main(argv=None):
     parser.add_argument("--ensemble", action="store_true")
     args = parser.parse_args(argv)
     try:
-        model = _load(args.preset, args.dtype, args.quantize)
+        model = _load(args.preset, args.dtype, args.quantize, args.ensemble)
         _write(
             model, args.export_dir, args.beam_size, args.alpha, args.max_length_offset, args.jit_compile,
             args.ensemble,

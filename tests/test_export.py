@@ -32,6 +32,7 @@ strings = translator.signatures["serving_default"](text=tf.constant(texts))["tra
 ids = translator.signatures["translate_ids"](text=tf.constant(texts))
 # The signatures' functions are the module's own too.
 as_function = translator.translate(tf.constant(texts[:2]))["translations"]
+one = translator.signatures["serving_default"](text=tf.constant(texts[:1]))["translations"]
 no_texts = translator.signatures["translate_ids"](text=tf.constant([], tf.string))
 try:
     translator.signatures["serving_default"](text=tf.constant(["word " * 300]))
@@ -48,6 +49,7 @@ print(json.dumps({
     "forbidden_modules": loaded,
     "too_long": too_long,
     "as_function": [s.decode("utf-8") for s in as_function.numpy()],
+    "one": [s.decode("utf-8") for s in one.numpy()],
     "no_texts": {name: list(value.shape) for name, value in no_texts.items()},
 }))
 """
@@ -67,8 +69,9 @@ def load_elsewhere(path, texts):
 @pytest.fixture(scope="module")
 def texts(multi30k_dir):
     sources, _ = multi30k.load("test_2016_flickr", "en", "de", data_dir=multi30k_dir)
-    # Blank texts: empty, ASCII spaces, a no-break and an em space.
-    return sources[:12] + ["", "   ", "\u00a0\u2003", "A dog."]
+    # Blank texts: empty, ASCII spaces, a no-break and an em space; last, one
+    # of more pieces than the model has positions.
+    return sources[:12] + ["", "   ", "\u00a0\u2003", "A dog.", "\n" * 300]
 
 
 @pytest.fixture(scope="module")
@@ -102,6 +105,7 @@ def test_saved_model_translates_like_the_package(served, texts):
     expected = [best for best, *_ in model.generate(texts, beam_size=4, alpha=0.6, return_scores=True)]
     assert served["translations"] == [text for text, _ in expected]
     assert served["as_function"] == served["translations"][:2]
+    assert served["one"] == served["translations"][:1]
     np.testing.assert_allclose(served["scores"], [score for _, score in expected], atol=1e-4)
     # The token ids are those the package's beam search chose.
     found = beam_search(model, model._tokenize_sources(texts), beam_size=4, alpha=0.6)
@@ -109,7 +113,7 @@ def test_saved_model_translates_like_the_package(served, texts):
     for ids, length, result in zip(served["token_ids"], served["lengths"], found):
         assert ids[:length] == (result[0][0] if result else [])
         assert set(ids[length:]) <= {pad_id}
-    assert served["lengths"][12:15] == [0, 0, 0]
+    assert served["lengths"][12:15] == [0, 0, 0] and served["lengths"][16] == 0
     assert "max_sequence_length=256" in served["too_long"]
     assert served["no_texts"] == {"token_ids": [0, 0], "lengths": [0], "scores": [0]}
 
@@ -131,16 +135,18 @@ def test_saved_model_compiled_by_xla_translates_as_the_graph_does(exported, serv
     with pytest.warns(UserWarning, match="first of the ensemble"):
         export_saved_model(PRESET, path, beam_size=4, alpha=0.6, jit_compile=True)
     assert _xla_compiled_functions(path) and not _xla_compiled_functions(exported)
-    # 15 texts: chunks of 4 sources sorted by length inside, the last filled up
-    # with a copy of its longest (as_function's 2 with two; no texts: no chunk).
-    compiled = load_elsewhere(path, texts[1:])
+    # 15 texts, a long blank one last: chunks of 4 sources sorted by length
+    # inside, the last filled up with a copy of its longest (2 texts: one
+    # chunk of 2; 1 text: a chunk of 1; no texts: no chunk).
+    compiled = load_elsewhere(path, texts[2:])
     assert compiled["forbidden_modules"] == []
-    assert compiled["translations"] == served["translations"][1:]
-    assert compiled["as_function"] == served["translations"][1:3]
-    assert compiled["lengths"] == served["lengths"][1:]
-    for ids, expected, length in zip(compiled["token_ids"], served["token_ids"][1:], compiled["lengths"]):
+    assert compiled["translations"] == served["translations"][2:]
+    assert compiled["as_function"] == served["translations"][2:4]
+    assert compiled["one"] == served["translations"][2:3]
+    assert compiled["lengths"] == served["lengths"][2:]
+    for ids, expected, length in zip(compiled["token_ids"], served["token_ids"][2:], compiled["lengths"]):
         assert ids[:length] == expected[:length]
-    np.testing.assert_allclose(compiled["scores"], served["scores"][1:], atol=1e-4)
+    np.testing.assert_allclose(compiled["scores"], served["scores"][2:], atol=1e-4)
     assert "max_sequence_length=256" in compiled["too_long"]
     assert compiled["no_texts"] == served["no_texts"]
 
