@@ -151,7 +151,8 @@ def test_saved_model_compiled_by_xla_translates_as_the_graph_does(exported, serv
     assert compiled["no_texts"] == served["no_texts"]
 
 
-@not_in_jax_run
+# (Once: through the TensorFlow subprocess, with the flags it is given.)
+@pytest.mark.skipif(keras.config.backend() != "torch", reason="runs in PyTorch's run, through the export's subprocess")
 def test_saved_model_of_an_ensemble_decodes_all_its_models(texts, tmp_path):
     path = str(tmp_path / "en-de-ensemble")
     with warnings.catch_warnings():
