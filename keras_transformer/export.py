@@ -52,6 +52,7 @@ import tensorflow_text as tf_text
 from keras_transformer.decoding import rules
 from keras_transformer.decoding.beam import ENSEMBLE_LOOP_BATCH_SIZE
 from keras_transformer.decoding.beam import LOOP_BATCH_SIZES
+from keras_transformer.decoding.beam import loop_cache_length
 from keras_transformer.decoding.beam import round_up
 from keras_transformer.decoding.ensemble import Ensemble
 from keras_transformer.decoding.interface import search_loop_function
@@ -96,13 +97,14 @@ def export_saved_model(
         jit_compile: compile the encoder and beam search with XLA
             (`tf.function(jit_compile=True)`), as `generate` runs them on
             TensorFlow: a few sources at a time, sorted by length; the
-            tokenization stays outside. Several times as fast one sentence
-            at a time, about twice as fast in batches (docs/export.md);
-            but XLA compiles once for each source length (rounded up to 8
-            tokens; for requests of 1-3 texts, once for each number too),
-            1-3 s on a CPU at the first request of that shape. TensorFlow Serving runs such a SavedModel on CPUs
-            only with `--xla_cpu_compilation_enabled=true` (without it the
-            first request fails).
+            tokenization stays outside. Several times as fast, one
+            sentence at a time and in batches (docs/export.md); but XLA
+            compiles once for each source length (rounded up to 8 tokens;
+            for requests of 1-3 texts, once for each number too), 1-3 s on
+            a CPU at the first request of that shape. TensorFlow Serving
+            runs such a SavedModel on CPUs only with
+            `--xla_cpu_compilation_enabled=true` (without it the first
+            request fails).
         ensemble: for an ensemble preset (or a model with
             `ensemble_members`), hold all its models and decode them
             together, as `generate` does by default
@@ -378,14 +380,14 @@ class Translator(tf.Module):
         sources at a time on TensorFlow: the sources sorted by length, in
         chunks of `LOOP_BATCH_SIZES["tensorflow"]` (an ensemble's:
         `ENSEMBLE_LOOP_BATCH_SIZE`; fewer in a smaller batch), the last one
-        filled up with copies of its longest source,
-        each chunk searched by `generate`'s compiled loop
-        (`interface.search_loop_function`) at its own length rounded up to
-        8 tokens and the cache length that follows from it. So a chunk's
-        shape depends on its sources' length, not on the batch (but for
-        batches of 1-3): XLA compiles once a length. (64 sources at a time
-        ran twice as fast in chunks as in one loop, where every source
-        waits for the batch's longest output: docs/export.md.)"""
+        filled up with copies of its longest source, each chunk searched
+        by `generate`'s compiled loop (`interface.search_loop_function`) at
+        its own length rounded up to 8 tokens and the cache length that
+        follows from it (`beam.loop_cache_length`). So a chunk's shape
+        depends on its sources' length, not on the batch (but for batches
+        of 1-3): XLA compiles once a length. (64 sources at a time ran
+        2.4x as fast in chunks as in one loop, where every source waits
+        for the batch's longest output: docs/export.md.)"""
         model = self._held.model
         limit = model.backbone.max_sequence_length
         batch = tf.shape(encoder_ids)[0]
@@ -400,7 +402,7 @@ class Translator(tf.Module):
         padding = [[0, 0], [0, tf.minimum(round_up(batch_width, 8), limit) - batch_width]]
         encoder_ids = tf.pad(encoder_ids, padding, constant_values=self.pad_id)
         encoder_mask = tf.pad(encoder_mask, padding)
-        width = _cache_length(tf.shape(encoder_ids)[1], self.max_length_offset, limit) - 1
+        width = loop_cache_length(tf.shape(encoder_ids)[1], self.max_length_offset, limit, xp=tf) - 1
         search = search_loop_function(model, self.beam_size, 1, self.alpha, "gnmt")
 
         def chunk(i, found_ids, found_lengths, found_scores):
@@ -408,7 +410,8 @@ class Translator(tf.Module):
             length = tf.minimum(round_up(tf.reduce_max(tf.gather(source_lengths, rows)), 8), limit)
             ids, lengths, scores, _ = search(
                 tf.gather(encoder_ids, rows)[:, :length], tf.gather(encoder_mask, rows)[:, :length],
-                tf.gather(budgets, rows), tf.zeros([_cache_length(length, self.max_length_offset, limit)], tf.int32),
+                tf.gather(budgets, rows),
+                tf.zeros([loop_cache_length(length, self.max_length_offset, limit, xp=tf)], tf.int32),
             )
             ids = tf.pad(ids[:, 0], [[0, 0], [0, width - tf.shape(ids)[2]]])
             return (i + 1, found_ids.write(i, ids), found_lengths.write(i, lengths[:, 0]),
@@ -437,13 +440,6 @@ class Translator(tf.Module):
             self._held.model, encoder_ids, encoder_mask, budgets, max_budget + 1, self.beam_size, 1, self.alpha, "gnmt"
         )
         return token_ids[:, 0], lengths[:, 0], scores[:, 0]
-
-
-def _cache_length(source_length, max_length_offset, limit):
-    """The self-attention cache's positions for sources padded to
-    `source_length` tokens, as `generate`'s loop has them
-    (`beam._search_in_loop`)."""
-    return tf.minimum(round_up(source_length + max_length_offset + 1, 8), limit)
 
 
 def main(argv=None):

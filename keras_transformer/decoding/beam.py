@@ -127,6 +127,14 @@ def round_up(value, multiple):
     return -(-value // multiple) * multiple
 
 
+def loop_cache_length(source_length, max_length_offset, limit, xp=np):
+    """The self-attention cache's positions in the one-loop search of
+    sources padded to `source_length` tokens: from the padded length, not
+    the budgets, so that sources padded alike share one compiled loop
+    (`xp=tf` for the SavedModel's graph, `keras_transformer.export`)."""
+    return xp.minimum(round_up(source_length + max_length_offset + 1, 8), limit)
+
+
 def beam_search(
     model,
     sources,
@@ -429,9 +437,7 @@ def _search_in_loop(model, sources, max_length_offset, settings, functions=None)
     limit = model.backbone.max_sequence_length
     encoder_ids, encoder_mask = pad_sources(sources, model.special_token_ids.pad, limit)
     budgets = output_budgets(sources, max_length_offset, limit)
-    # From the padded source length, not the budgets, so that sources
-    # padded alike share one compiled loop.
-    max_length = min(round_up(encoder_ids.shape[1] + max_length_offset + 1, 8), limit)
+    max_length = int(loop_cache_length(encoder_ids.shape[1], max_length_offset, limit))
     search = search_loop_function(model, settings.beam_size, settings.num_results, settings.alpha, settings.kind)
     found = search(encoder_ids, encoder_mask, budgets.astype("int32"), np.zeros(max_length, "int32"))
     token_ids, lengths, scores, log_probs = (ops.convert_to_numpy(x) for x in found)
