@@ -190,9 +190,9 @@ def test_sources_leave_the_batch_without_changing_results(mode, monkeypatch):
 
         return counted
 
-    def recording_grown(state, length):
+    def recording_grown(function, state, length):
         grown.append(length)
-        return original_grown(state, length)
+        return original_grown(function, state, length)
 
     monkeypatch.setattr(beam, "compiles_steps", lambda: mode != "eager")
     monkeypatch.setattr(beam, "_slots_to_keep", recording)
@@ -269,9 +269,10 @@ def test_segments_of_compiled_steps_equal_a_step_a_call(kind, alpha, monkeypatch
     settings = dict(beam_size=4, num_results=3, alpha=alpha, length_penalty=kind, max_length_offset=30)
     grown, shrunk = [], []
     original_grown, original_kept = beam._grown, beam._kept
-    monkeypatch.setattr(beam, "_grown", lambda state, length: grown.append(length) or original_grown(state, length))
-    monkeypatch.setattr(beam, "_kept", lambda state, cross, keep, k: shrunk.append(len(keep)) or original_kept(
-        state, cross, keep, k))
+    monkeypatch.setattr(beam, "_grown", lambda function, state, length: grown.append(length) or original_grown(
+        function, state, length))
+    monkeypatch.setattr(beam, "_kept", lambda function, state, cross, keep: shrunk.append(len(keep)) or original_kept(
+        function, state, cross, keep))
     segments = beam_search(model, sources, **settings)
     steps = beam_search(model, sources, functions=decoding_functions(model), **settings)
     assert grown[:2] == [32, 48] and shrunk and shrunk[-1] == 8, (grown, shrunk)

@@ -44,7 +44,7 @@ from keras_transformer.decoding.ensemble import Ensemble
 from keras_transformer.decoding.interface import decoding_functions
 from keras_transformer.decoding.interface import search_loop_function
 from keras_transformer.decoding.interface import search_segment_function
-from keras_transformer.decoding.loop import initial_state
+from keras_transformer.decoding.interface import search_state_functions
 from keras_transformer.decoding.rules import LENGTH_PENALTIES
 from keras_transformer.decoding.rules import length_penalty
 from keras_transformer.decoding.rules import output_budgets
@@ -343,7 +343,8 @@ def _search_in_segments(model, sources, max_length_offset, settings, functions=N
     _, cross = decoding_functions(model)[0](encoder_ids, encoder_mask)
 
     cache_length = min(CACHE_CHUNK, max_length)
-    state = initial_state(model, batch, k, cache_length)
+    initial, kept, grown = search_state_functions(model, k)
+    state = initial(batch=batch, length=cache_length)
     slots = np.arange(batch)  # which source each slot of the batch holds
     finished = [[] for _ in range(batch)]
     while True:
@@ -357,11 +358,22 @@ def _search_in_segments(model, sources, max_length_offset, settings, functions=N
         if done.all():
             return finished
         if len(keep) < len(slots):
-            state, cross = _kept(state, cross, keep, k)
+            state, cross = _kept(kept, state, cross, keep)
             encoder_mask, slots = encoder_mask[keep], slots[keep]
         if index == cache_length:
             cache_length = min(cache_length + CACHE_CHUNK, max_length)
-            state = _grown(state, cache_length)
+            state = _grown(grown, state, cache_length)
+
+
+def _kept(kept, state, cross, keep):
+    """`kept(state, cross, keep)` (`loop.kept_slots`, compiled) of the
+    slots `keep`."""
+    return kept(state, cross, keep.astype("int32"))
+
+
+def _grown(grown, state, length):
+    """`grown(state, length=length)` (`loop.grown_state`, compiled)."""
+    return grown(state, length=length)
 
 
 def _largest_power_of_two_below(size):
@@ -380,36 +392,6 @@ def _collect(finished, sources, hypotheses):
             finished[source].append(
                 (float(scores[row, j]), float(log_probs[row, j]), token_ids[row, j, : lengths[row, j]].tolist())
             )
-
-
-def _kept(state, cross, keep, k):
-    """The search state and encoder-decoder caches of the slots `keep`
-    only: the beams' rows taken from the self-attention caches, and the
-    pending parents (rows of those caches) numbered anew."""
-    index, tokens, parents, sequences, log_probs, finished, count, done, caches = state
-    beam_rows = (keep[:, None] * k + np.arange(k)).reshape(-1)
-    parents = to_numpy(parents)[beam_rows].reshape(-1, k) - (keep[:, None] * k)
-    parents = (np.arange(len(keep))[:, None] * k + parents).reshape(-1).astype("int32")
-    rows, slots = ops.convert_to_tensor(beam_rows, "int32"), ops.convert_to_tensor(keep, "int32")
-    state = (
-        index, take_rows(tokens, rows), parents, take_rows(sequences, slots), take_rows(log_probs, slots),
-        tuple(take_rows(x, slots) for x in finished), take_rows(count, slots), take_rows(done, slots),
-        [(take_rows(keys, rows), take_rows(values, rows)) for keys, values in state[8]],
-    )
-    cross = [(take_rows(keys, slots), take_rows(values, slots)) for keys, values in cross]
-    return state, cross
-
-
-def _grown(state, length):
-    """The search state with `length` positions of self-attention cache
-    and of token ids (zeros after the old ones)."""
-    index, tokens, parents, sequences, log_probs, finished, count, done, caches = state
-    ids, lengths, scores, finished_log_probs = finished
-    return (
-        index, tokens, parents, zero_padded(sequences, 2, length), log_probs,
-        (zero_padded(ids, 2, length), lengths, scores, finished_log_probs), count, done,
-        _padded(caches, length),
-    )
 
 
 def _search_in_parts(parts, search_part, model, sources, max_length_offset, settings, functions):

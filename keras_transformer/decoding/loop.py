@@ -34,6 +34,8 @@ from keras_transformer.decoding.rules import best_extensions
 from keras_transformer.decoding.rules import length_penalty
 from keras_transformer.decoding.rules import never_output_bias
 from keras_transformer.decoding.rules import search_is_over
+from keras_transformer.layers.direct_calls import take_rows
+from keras_transformer.layers.direct_calls import zero_padded
 
 
 def search_loop(
@@ -139,6 +141,43 @@ def initial_state(model, batch, beam_size, length, width=None):
         ops.zeros((batch,), "int32"),
         ops.zeros((batch,), "bool"),
         [tuple(cache) for cache in model.empty_self_attention_cache(batch * k, length)],
+    )
+
+
+def kept_slots(state, cross, keep, beam_size):
+    """The search state and encoder-decoder caches of the batch slots
+    `keep` (int32 indices, ascending) only: the host search drops done
+    sources between segments (`beam.beam_search`). The beams' rows are
+    taken from the self-attention caches, and the pending parents (rows of
+    those caches) numbered anew."""
+    index, tokens, parents, sequences, log_probs, finished, count, done, caches = state
+    k = beam_size
+    keep = ops.convert_to_tensor(keep, "int32")
+    first_rows = keep[:, None] * k  # each kept source's first beam row
+    beam_rows = ops.reshape(first_rows + ops.arange(k, dtype="int32")[None, :], (-1,))
+    # A source's beams descend from its own beams: their parents, less its
+    # first row, are beam numbers.
+    beams = ops.reshape(take_rows(parents, beam_rows), (-1, k)) - first_rows
+    parents = ops.reshape(ops.arange(ops.shape(keep)[0], dtype="int32")[:, None] * k + beams, (-1,))
+    state = (
+        index, take_rows(tokens, beam_rows), parents, take_rows(sequences, keep), take_rows(log_probs, keep),
+        tuple(take_rows(x, keep) for x in finished), take_rows(count, keep), take_rows(done, keep),
+        [(take_rows(keys, beam_rows), take_rows(values, beam_rows)) for keys, values in caches],
+    )
+    cross = [(take_rows(keys, keep), take_rows(values, keep)) for keys, values in cross]
+    return state, cross
+
+
+def grown_state(state, length):
+    """The search state with `length` positions of self-attention cache
+    and of token ids (zeros after the old ones): the host search grows
+    them between segments as outputs grow."""
+    index, tokens, parents, sequences, log_probs, finished, count, done, caches = state
+    ids, lengths, scores, finished_log_probs = finished
+    caches = [(zero_padded(keys, 2, length), zero_padded(values, 2, length)) for keys, values in caches]
+    return (
+        index, tokens, parents, zero_padded(sequences, 2, length), log_probs,
+        (zero_padded(ids, 2, length), lengths, scores, finished_log_probs), count, done, caches,
     )
 
 
