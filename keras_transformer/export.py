@@ -111,7 +111,7 @@ def export_saved_model(
             (`keras_transformer.decoding.Ensemble`): the preset's quality,
             at the cost of every model's weights and steps. Without it the
             SavedModel holds the first model alone, and says so in a
-            warning.
+            warning; with it, a model of one model is an error.
 
     Returns:
         `export_dir`.
@@ -139,6 +139,11 @@ def export_saved_model(
     _check_precision(model, dtype, quantize)
     if not ensemble:
         ensembles.warn_first_model_only(model, "The SavedModel")
+    elif not ensembles.other_members(model):
+        raise ValueError(
+            "ensemble=True (--ensemble) exports an ensemble preset's models together, but this "
+            "model is one model (its preset lists no ensemble members): export it without it."
+        )
     precision = {"dtype": dtype, "quantize": quantize}
     search = {"beam_size": beam_size, "alpha": alpha, "max_length_offset": max_length_offset,
               "jit_compile": bool(jit_compile), "ensemble": bool(ensemble)}

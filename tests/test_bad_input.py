@@ -96,6 +96,10 @@ def test_export_refuses_bad_settings_before_any_work(preset, tmp_path):
     for alpha in ("0.6", float("inf")):
         with pytest.raises(ValueError, match="alpha .* must be a finite number >= 0"):
             export_saved_model(model, str(tmp_path / "exported"), alpha=alpha)
+    # An ensemble's export of a preset (or model) of one model.
+    for one_model in preset:
+        with pytest.raises(ValueError, match=r"ensemble=True \(--ensemble\) exports an ensemble preset's models"):
+            export_saved_model(one_model, str(tmp_path / "exported"), ensemble=True)
     assert not os.path.exists(tmp_path / "exported")
 
 

@@ -87,16 +87,22 @@ def save_members(members, directory, weights_storage="float"):
         member.backbone.save_to_preset(os.path.join(directory, path), weights_storage=weights_storage)
 
 
+def other_members(model):
+    """How many models a model (or preset) holds beside its first: its
+    ensemble members; 0 where a preset cannot be read (its loading reports
+    that)."""
+    if isinstance(model, (str, os.PathLike)):
+        try:
+            return len(member_paths(model))
+        except (PresetError, OSError):
+            return 0
+    return len(getattr(model, "ensemble_members", ()))
+
+
 def warn_first_model_only(model, what):
     """Warns that `what` (an export) holds an ensemble's first model only,
     for a model (or preset) with ensemble members."""
-    if isinstance(model, (str, os.PathLike)):
-        try:
-            others = len(member_paths(model))
-        except (PresetError, OSError):  # the export's own loading reports it
-            others = 0
-    else:
-        others = len(getattr(model, "ensemble_members", ()))
+    others = other_members(model)
     if others:
         warnings.warn(
             f"{what} holds the first of the ensemble's {1 + others} models only, which translates less well "
