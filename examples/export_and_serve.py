@@ -1,7 +1,7 @@
 """Export a preset as a SavedModel compiled by XLA, then translate with it
 in plain TensorFlow, as TensorFlow Serving would.
 
-    python examples/export_and_serve.py --output-dir /tmp/en-de-savedmodel
+    python examples/export_and_serve.py --output-dir /tmp/en-de-savedmodel   # --overwrite to run it again
     python examples/export_and_serve.py --ensemble --output-dir /tmp/en-de-ensemble   # every model
     python examples/export_and_serve.py --quantize int8 --output-dir /tmp/en-de-int8
 
@@ -10,8 +10,9 @@ Writes `transformer_multi30k_en_de` (or `--preset`) with
 beam search and detokenization in one graph, the search compiled by XLA.
 `--ensemble` holds all the preset's models and decodes them together, as
 `generate` does by default; without it the SavedModel holds the first
-model. Then loads it with `tf.saved_model.load` (TensorFlow and
-tensorflow-text only: no Keras, no keras_transformer), translates a few
+model. Then loads it with `tf.saved_model.load` and tensorflow-text, as
+a server's process would (which needs neither Keras nor keras_transformer),
+translates a few
 sentences one request at a time and all of them in one request, prints
 the times (the first request of each shape compiles), and compares the
 translations with `generate`'s for the same models and settings.

@@ -139,10 +139,10 @@ def export_saved_model(
     _check_precision(model, dtype, quantize)
     if not ensemble:
         ensembles.warn_first_model_only(model, "The SavedModel")
-    elif not ensembles.other_members(model):
+    elif not ensembles.other_members(model, strict=True):
         raise ValueError(
             "ensemble=True (--ensemble) exports an ensemble preset's models together, but this "
-            "model is one model (its preset lists no ensemble members): export it without it."
+            "model is a single model, with no ensemble members: export it without ensemble=True (--ensemble)."
         )
     precision = {"dtype": dtype, "quantize": quantize}
     search = {"beam_size": beam_size, "alpha": alpha, "max_length_offset": max_length_offset,

@@ -19,7 +19,8 @@ sources that are done from the batch and grows the self-attention cache as
 outputs grow. On PyTorch it runs the rules on the host between eager steps
 (`interface.decoding_functions`); on JAX and TensorFlow each call of
 compiled code runs a segment of steps with the rules on the device
-(`loop.search_segment`), until the batch should shrink or the cache grow.
+(`loop.search_segment`), until the batch should shrink or the cache grow
+(which compiled functions do too: `loop.kept_slots`, `loop.grown_state`).
 For a few sources at a time on JAX and TensorFlow the whole search runs in
 one compiled loop instead (`loop.search_loop`, which the SavedModel runs
 too), and on their CPUs a large batch is searched in parts at once, one a

@@ -162,9 +162,10 @@ def compile_for_models(template, function):
 
         def call(model, *args, **kwargs):
             key = tuple(sorted(kwargs.items()))
-            if key not in compiled:
-                compiled[key] = jax.jit(functools.partial(stateless, **kwargs))
-            return compiled[key](values_of(model), columns_of(model), *args)
+            function = compiled.get(key)
+            if function is None:  # (threads that race here all get the one stored first)
+                function = compiled.setdefault(key, jax.jit(functools.partial(stateless, **kwargs)))
+            return function(values_of(model), columns_of(model), *args)
 
         return call
     import tensorflow as tf

@@ -7,6 +7,7 @@ the searches call `decoding_functions(model)`, which calls the model's
 interface methods; the model never calls back into a search's internals.
 """
 
+import threading
 import types
 from typing import Any
 from typing import Protocol
@@ -159,12 +160,18 @@ def _compiled_once(model, key, function, reads_weights=True):
     on `model` under `key`: compiled once per model and key. A function
     that reads none of the model's weights is compiled without them as
     inputs (`reads_weights=False`): each call would pass them all."""
-    if getattr(model, _LOOPS, None) is None:
-        setattr(model, _LOOPS, _CompiledLoops())
-    loops = getattr(model, _LOOPS).by_settings
-    if key not in loops:
-        loops[key] = compile_for_inference(model if reads_weights else _WITHOUT_WEIGHTS, function)
-    return loops[key]
+    # (The parts of a batch, searched in threads at once, ask at once: one
+    # of them makes the function, which then compiles once.)
+    with _MAKING:
+        if getattr(model, _LOOPS, None) is None:
+            setattr(model, _LOOPS, _CompiledLoops())
+        loops = getattr(model, _LOOPS).by_settings
+        if key not in loops:
+            loops[key] = compile_for_inference(model if reads_weights else _WITHOUT_WEIGHTS, function)
+        return loops[key]
+
+
+_MAKING = threading.Lock()
 
 
 # What `compile_for_inference` compiles a function that reads no weights for.

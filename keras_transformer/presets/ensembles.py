@@ -87,14 +87,17 @@ def save_members(members, directory, weights_storage="float"):
         member.backbone.save_to_preset(os.path.join(directory, path), weights_storage=weights_storage)
 
 
-def other_members(model):
+def other_members(model, strict=False):
     """How many models a model (or preset) holds beside its first: its
-    ensemble members; 0 where a preset cannot be read (its loading reports
-    that)."""
+    ensemble members. Where a preset's list of them cannot be read: 0
+    (its loading reports that), or with `strict` the `PresetError` or
+    `OSError` itself."""
     if isinstance(model, (str, os.PathLike)):
         try:
             return len(member_paths(model))
         except (PresetError, OSError):
+            if strict:
+                raise
             return 0
     return len(getattr(model, "ensemble_members", ()))
 
