@@ -46,13 +46,13 @@ from keras_transformer.decoding.interface import decoding_functions
 from keras_transformer.decoding.interface import search_loop_function
 from keras_transformer.decoding.interface import search_segment_function
 from keras_transformer.decoding.interface import search_state_functions
+from keras_transformer.decoding.loop import padded_caches
 from keras_transformer.decoding.rules import LENGTH_PENALTIES
 from keras_transformer.decoding.rules import length_penalty
 from keras_transformer.decoding.rules import output_budgets
 from keras_transformer.decoding.rules import search_is_over
 from keras_transformer.layers.direct_calls import take_rows
 from keras_transformer.layers.direct_calls import unchanged_weights
-from keras_transformer.layers.direct_calls import zero_padded
 
 _penalty = length_penalty  # `beam_search`'s argument of the same name hides it
 
@@ -115,13 +115,7 @@ def _grow_self_attention_cache(cache, length):
     """Zero-pads every self-attention key/value cache, `(batch, heads,
     positions, d)`, to `length` positions (the encoder-decoder caches as
     they are)."""
-    return list(zip(_padded([self_cache for self_cache, _ in cache], length), [cross for _, cross in cache]))
-
-
-def _padded(caches, length):
-    """Each `(keys, values)` cache, `(batch, heads, positions, d)`,
-    zero-padded to `length` positions."""
-    return [(zero_padded(keys, 2, length), zero_padded(values, 2, length)) for keys, values in caches]
+    return list(zip(padded_caches([self_cache for self_cache, _ in cache], length), [cross for _, cross in cache]))
 
 
 def round_up(value, multiple):

@@ -176,11 +176,18 @@ def grown_state(state, length):
     them between segments as outputs grow."""
     index, tokens, parents, sequences, log_probs, finished, count, done, caches = state
     ids, lengths, scores, finished_log_probs = finished
-    caches = [(zero_padded(keys, 2, length), zero_padded(values, 2, length)) for keys, values in caches]
     return (
         index, tokens, parents, zero_padded(sequences, 2, length), log_probs,
-        (zero_padded(ids, 2, length), lengths, scores, finished_log_probs), count, done, caches,
+        (zero_padded(ids, 2, length), lengths, scores, finished_log_probs), count, done,
+        padded_caches(caches, length),
     )
+
+
+def padded_caches(caches, length):
+    """Each `(keys, values)` cache, `(batch, heads, positions, d)`,
+    zero-padded to `length` positions: both host searches grow their
+    self-attention caches so (`grown_state`, `beam._search`)."""
+    return [(zero_padded(keys, 2, length), zero_padded(values, 2, length)) for keys, values in caches]
 
 
 def _search_step(model, cross, encoder_mask, budgets, width, beam_size, num_results, alpha, kind):
