@@ -153,12 +153,14 @@ def test_saved_model_compiled_by_xla_translates_as_the_graph_does(exported, serv
 
 # (Once: through the TensorFlow subprocess, with the flags it is given.)
 @pytest.mark.skipif(keras.config.backend() != "torch", reason="runs in PyTorch's run, through the export's subprocess")
-def test_saved_model_of_an_ensemble_decodes_all_its_models(texts, tmp_path):
+@pytest.mark.parametrize("jit_compile", [True, False], ids=["xla", "graph"])
+def test_saved_model_of_an_ensemble_decodes_all_its_models(texts, tmp_path, jit_compile):
     path = str(tmp_path / "en-de-ensemble")
     with warnings.catch_warnings():
         # No warning that the first model stands alone.
         warnings.filterwarnings("error", message=".*first of the ensemble")
-        export_saved_model(PRESET, path, beam_size=4, alpha=0.6, jit_compile=True, ensemble=True)
+        export_saved_model(PRESET, path, beam_size=4, alpha=0.6, jit_compile=jit_compile, ensemble=True)
+    assert bool(_xla_compiled_functions(path)) == jit_compile
     chosen = texts[:6] + texts[12:13]  # a blank text among them
     served = load_elsewhere(path, chosen)
     model = TransformerSeq2SeqLM.from_preset(PRESET)  # the preset's five models
