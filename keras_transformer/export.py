@@ -413,7 +413,7 @@ class Translator(tf.Module):
         def chunk(i, found_ids, found_lengths, found_scores):
             rows = filled[i * size : (i + 1) * size]
             length = tf.minimum(round_up(tf.reduce_max(tf.gather(source_lengths, rows)), 8), limit)
-            ids, lengths, scores, _ = search(
+            ids, lengths, scores, _, _ = search(
                 tf.gather(encoder_ids, rows)[:, :length], tf.gather(encoder_mask, rows)[:, :length],
                 tf.gather(budgets, rows),
                 tf.zeros([loop_cache_length(length, self.max_length_offset, limit, xp=tf)], tf.int32),
@@ -441,7 +441,7 @@ class Translator(tf.Module):
             return self._compiled_beam_search(encoder_ids, encoder_mask, budgets)
         max_budget = tf.reduce_max(tf.concat([budgets, [1]], axis=0))  # 1 for an empty batch
         # The cache holds the start token's position and the longest output.
-        token_ids, lengths, scores, _ = search_loop(
+        token_ids, lengths, scores, _, _ = search_loop(
             self._held.model, encoder_ids, encoder_mask, budgets, max_budget + 1, self.beam_size, 1, self.alpha, "gnmt"
         )
         return token_ids[:, 0], lengths[:, 0], scores[:, 0]

@@ -250,6 +250,45 @@ def test_the_search_in_one_loop_equals_the_host_search(kind):
         assert not all(cut), "some hypotheses should end early"
 
 
+def test_the_one_loop_search_tries_a_short_cache_first(monkeypatch):
+    """`beam._search_in_loop` runs the loop with a short self-attention
+    cache first, and again with the budgets' cache only where a source was
+    not done when the short one was full: the results are the host
+    search's either way."""
+    from keras_transformer.decoding import beam
+
+    model = tiny_model(seed=21)
+    sources = [[START, 4, END], [START, 5, 4, 4, 5, 1, 4, END], [START, 1, 5, END]]
+    sources += [[START] + [4 + (i * j) % 2 for j in range(i)] + [END] for i in range(1, 7)]
+    settings = dict(beam_size=3, num_results=2, max_length_offset=10, length_penalty="gnmt")
+    host = beam_search(model, sources, in_loop=False, **settings)
+
+    searches = []  # (cache positions, done) of each loop run
+    made = beam.search_loop_function
+
+    def recording(*args, **kwargs):
+        search = made(*args, **kwargs)
+
+        def recorded(encoder_ids, encoder_mask, budgets, positions):
+            found = search(encoder_ids, encoder_mask, budgets, positions)
+            searches.append((len(positions), bool(ops.convert_to_numpy(found[-1]))))
+            return found
+
+        return recorded
+
+    monkeypatch.setattr(beam, "search_loop_function", recording)
+    # Sources padded to 8 tokens: a first cache of 16 positions, then the budgets' 24.
+    monkeypatch.setattr(beam, "FIRST_LOOP_POSITIONS", 1)
+    loop = [beam_search(model, [source], in_loop=True, **settings)[0] for source in sources]
+    assert [[ids for ids, _, _ in result] for result in loop] == [[ids for ids, _, _ in result] for result in host]
+    for found, expected in zip(loop, host):
+        np.testing.assert_allclose([item[1:] for item in found], [item[1:] for item in expected], rtol=1e-5)
+    # Some sources were done within the short cache; the others searched again.
+    assert (16, True) in searches and (16, False) in searches, searches
+    assert all(done for positions, done in searches if positions == 24), searches
+    assert len(searches) == len(sources) + searches.count((16, False)), searches
+
+
 @pytest.mark.skipif(keras.config.backend() == "torch", reason="PyTorch runs a step a call: no segments")
 @pytest.mark.parametrize("kind,alpha", [("gnmt", 0.6), ("length", 1.0), ("gnmt", 0.0)])
 def test_segments_of_compiled_steps_equal_a_step_a_call(kind, alpha, monkeypatch):

@@ -101,7 +101,7 @@ def search_loop_function(model, beam_size, num_results, alpha, kind):
     """`loop.search_loop` of `model` with these settings, compiled for the
     backend, made once per model and settings: `search(encoder_ids,
     encoder_mask, budgets, positions)` gives `(token_ids, lengths, scores,
-    log_probs)`; `positions`, any int32 vector, has the length of the
+    log_probs, done)`; `positions`, any int32 vector, has the length of the
     self-attention cache (so that it is a shape, which compilers see)."""
 
     def search(encoder_ids, encoder_mask, budgets, positions):

@@ -25,8 +25,8 @@ What differs from the host search a step a call: each source keeps its
 the stopping rule read only those); and scores are float32 (JAX computes
 in float32 unless told otherwise), not float64, which can only matter for
 hypotheses whose scores tie to 7 digits. `search_loop` also keeps every
-source in the batch until all are done, with a cache of every position
-from the start.
+source in the batch until all are done, with a cache of a fixed length
+from the start (`beam._search_in_loop` tries a short one first).
 """
 from keras import ops
 
@@ -51,17 +51,22 @@ def search_loop(
             source non-empty.
         budgets: int32 `(batch,)`, each source's output budget
             (`rules.output_budget`).
-        max_length: the self-attention cache's positions, more than the
-            largest budget (an int; a scalar tensor in a TensorFlow graph).
+        max_length: the self-attention cache's positions (an int; a
+            scalar tensor in a TensorFlow graph). The search stops when
+            the cache is full: with more positions than the largest
+            budget, every source is done by then.
         beam_size, num_results, alpha, kind: as `beam.beam_search`'s
             `beam_size`, `num_results`, `alpha` and `length_penalty`.
 
     Returns:
-        `(token_ids, lengths, scores, log_probs)`, the `num_results` best
-        finished hypotheses of each source, best first: token ids `(batch,
-        num_results, max_length - 1)` (without the end token, padded with
-        zeros beyond `lengths`), and their scores (log P / lp) and
-        log-probabilities, float32.
+        `(token_ids, lengths, scores, log_probs, done)`, the `num_results`
+        best finished hypotheses of each source, best first: token ids
+        `(batch, num_results, max_length - 1)` (without the end token,
+        padded with zeros beyond `lengths`), and their scores (log P / lp)
+        and log-probabilities, float32; `done`, a boolean scalar, whether
+        every source was done before the cache was full (else the
+        hypotheses are not the search's result: `beam._search_in_loop`
+        searches again with a longer cache).
     """
     n = num_results
     batch = ops.shape(encoder_ids)[0]
@@ -71,13 +76,13 @@ def search_loop(
     body = _search_step(model, cross, encoder_mask, budgets, max_length - 1, beam_size, num_results, alpha, kind)
 
     def cond(index, tokens, parents, sequences, log_probs, finished, count, done, caches):
-        return ~ops.all(done)
+        return ~ops.all(done) & (index < max_length - 1)
 
     state = initial_state(model, batch, beam_size, max_length, width=max_length - 1)
     with loop_output_columns(model):
         final = ops.while_loop(cond, body, state)
     token_ids, lengths, scores, log_probs = final[5]
-    return token_ids[:, :n], lengths[:, :n], scores[:, :n], log_probs[:, :n]
+    return token_ids[:, :n], lengths[:, :n], scores[:, :n], log_probs[:, :n], ops.all(final[7])
 
 
 def search_segment(model, state, encoder_mask, cross, budgets, min_live, beam_size, num_results=1, alpha=0.6,
