@@ -343,9 +343,14 @@ def test_a_batch_searched_in_parts_at_once_equals_one_search(monkeypatch):
     # (Where steps are compiled, each part is searched in segments of steps.)
     name = "_search" if keras.config.backend() == "torch" else "_search_in_segments"
     original = getattr(beam, name)
+    # Each part waits until all three have started: they run at once (a
+    # part searched after another would break the barrier when it times out).
+    together = [threading.Barrier(3)]
 
     def recording(model, part, *args):
         searches.append((threading.get_ident(), part))
+        if together:
+            together[0].wait(timeout=60)
         return original(model, part, *args)
 
     monkeypatch.setattr(beam, name, recording)
@@ -363,6 +368,7 @@ def test_a_batch_searched_in_parts_at_once_equals_one_search(monkeypatch):
 
     # Fewer sources than two parts' worth: one search, in the caller's thread.
     searches.clear()
+    together.clear()
     monkeypatch.setattr(beam, "MIN_PART_SOURCES", 8)
     beam_search(model, sources[:12], **settings)
     assert [thread for thread, _ in searches] == [threading.get_ident()]
