@@ -290,17 +290,23 @@ def test_the_one_loop_search_tries_a_short_cache_first(monkeypatch):
 
 
 @pytest.mark.skipif(keras.config.backend() == "torch", reason="PyTorch runs a step a call: no segments")
-@pytest.mark.parametrize("kind,alpha", [("gnmt", 0.6), ("length", 1.0), ("gnmt", 0.0)])
-def test_segments_of_compiled_steps_equal_a_step_a_call(kind, alpha, monkeypatch):
+@pytest.mark.parametrize("kind,alpha,beam_caches", [
+    ("gnmt", 0.6, False), ("gnmt", 0.6, True), ("length", 1.0, True), ("gnmt", 0.0, False),
+])
+def test_segments_of_compiled_steps_equal_a_step_a_call(kind, alpha, beam_caches, monkeypatch):
     """Where steps are compiled (JAX, TensorFlow) the host search runs
     segments of steps on the device (`loop.search_segment`, the rules in
     Keras ops), shrinking the batch and growing the cache between them;
     given its step functions it runs a step a call and ranks on the host
     (NumPy). Same outputs, the same scores to float32's precision, for a
-    batch that shrinks and a cache that grows twice."""
+    batch that shrinks and a cache that grows twice; with a row a beam in
+    the segments' caches or with caches they never reorder
+    (`layers.beam_cache`)."""
     from keras_transformer.decoding import beam
+    from keras_transformer.decoding import loop
     from keras_transformer.decoding.interface import decoding_functions
 
+    monkeypatch.setattr(loop, "SEGMENT_BEAM_CACHES", {keras.config.backend(): beam_caches})
     monkeypatch.setattr(beam, "concurrent_parts", lambda: 1)
     model = tiny_model(seed=5, max_sequence_length=128)
     sources = [[START] + [4 + (i * j) % 2 for j in range(i % 9)] + [END] for i in range(1, 24)]
@@ -308,13 +314,15 @@ def test_segments_of_compiled_steps_equal_a_step_a_call(kind, alpha, monkeypatch
     settings = dict(beam_size=4, num_results=3, alpha=alpha, length_penalty=kind, max_length_offset=30)
     grown, shrunk = [], []
     original_grown, original_kept = beam._grown, beam._kept
-    monkeypatch.setattr(beam, "_grown", lambda function, state, length: grown.append(length) or original_grown(
-        function, state, length))
+    held = []  # tensors in each grown state's first self-attention cache
+    monkeypatch.setattr(beam, "_grown", lambda function, state, length: grown.append(length) or held.append(
+        len(state[8][0])) or original_grown(function, state, length))
     monkeypatch.setattr(beam, "_kept", lambda function, state, cross, keep: shrunk.append(len(keep)) or original_kept(
         function, state, cross, keep))
     segments = beam_search(model, sources, **settings)
     steps = beam_search(model, sources, functions=decoding_functions(model), **settings)
     assert grown[:2] == [32, 48] and shrunk and shrunk[-1] == 8, (grown, shrunk)
+    assert set(held) == {3 if beam_caches else 2}, held
     outputs = [[[ids for ids, _, _ in result] for result in found] for found in (segments, steps)]
     assert outputs[0] == outputs[1]
     for found, expected in zip(segments, steps):

@@ -78,9 +78,12 @@ class Ensemble:
             for cache in model.cross_attention_cache(output)
         ]
 
-    def empty_self_attention_cache(self, batch_size, max_length):
+    def empty_self_attention_cache(self, batch_size, max_length, beams=None):
         """The models' empty self-attention caches, one after the other."""
-        return [cache for model in self.models for cache in model.empty_self_attention_cache(batch_size, max_length)]
+        return [
+            cache for model in self.models
+            for cache in model.empty_self_attention_cache(batch_size, max_length, beams=beams)
+        ]
 
     def call_decoder_with_cache(self, token_ids, index, cache, encoder_padding_mask):
         """One step of every model; returns `(log P, cache)`, with log P

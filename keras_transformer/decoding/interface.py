@@ -28,6 +28,7 @@ from keras_transformer.decoding.loop import initial_state
 from keras_transformer.decoding.loop import kept_slots
 from keras_transformer.decoding.loop import search_loop
 from keras_transformer.decoding.loop import search_segment
+from keras_transformer.decoding.loop import segment_beam_caches
 from keras_transformer.decoding.rules import best_extensions
 from keras_transformer.decoding.rules import never_output_bias
 from keras_transformer.layers.direct_calls import in_place_cache_writes
@@ -61,9 +62,13 @@ class Seq2SeqDecodingModel(Protocol):
         """Per decoder layer, the encoder output's `(keys, values)` for the
         encoder-decoder attention; rows may be repeated or taken."""
 
-    def empty_self_attention_cache(self, batch_size, max_length):
+    def empty_self_attention_cache(self, batch_size, max_length, beams=None):
         """Per decoder layer, zeroed self-attention `(keys, values)` of
-        `max_length` positions, `(batch, heads, positions, ...)`."""
+        `max_length` positions, `(batch, heads, positions, ...)`. With
+        `beams` (optional: the compiled searches pass it only where the
+        method takes it), caches that beam search never reorders, for
+        `batch_size` sources of `beams` beams
+        (`keras_transformer.layers.beam_cache`)."""
 
     def call_decoder_with_cache(self, token_ids, index, cache, encoder_padding_mask):
         """One cached step: `token_ids` `(batch, 1)` at position `index`,
@@ -142,7 +147,7 @@ def search_state_functions(model, beam_size):
     make a state, 3 to drop slots, 3 to grow, against segments of 40 ms.
     """
     def initial(batch, length):
-        return initial_state(model, batch, beam_size, length)
+        return initial_state(model, batch, beam_size, length, beam_caches=segment_beam_caches())
 
     def kept(state, cross, keep):
         return kept_slots(state, cross, keep, beam_size)

@@ -14,6 +14,7 @@ import keras
 import ml_dtypes
 from keras import ops
 
+from keras_transformer.layers import beam_cache
 from keras_transformer.layers.direct_calls import DirectCall
 from keras_transformer.layers.direct_calls import Dropout
 from keras_transformer.layers.direct_calls import EinsumDense
@@ -297,6 +298,8 @@ class MultiHeadAttention(DirectCall, keras.layers.Layer):
         cache_update_index=None,
         training=None,
     ):
+        if beam_cache.is_beam_cache(cache):
+            return self._call_over_beam_cache(query, cache, cache_update_index, return_attention_scores)
         query_heads = self.query_dense(query)
         if cache is None:
             key_heads, value_heads = self._project(value, key)
@@ -346,6 +349,23 @@ class MultiHeadAttention(DirectCall, keras.layers.Layer):
         if cache is not None:
             outputs.append(cache)
         return outputs[0] if len(outputs) == 1 else tuple(outputs)
+
+    def _call_over_beam_cache(self, query, cache, index, return_attention_scores):
+        """A decoding step's self-attention over a `beam_cache` (`call` with
+        `cache=(keys, values, origins)`): `(output, cache)`."""
+        if return_attention_scores or index is None:
+            raise ValueError(
+                "A beam cache (keys, values, origins) serves decoding steps only: pass cache_update_index, "
+                "and no return_attention_scores."
+            )
+        if query.shape[1] not in (None, 1):
+            raise ValueError(
+                "A beam cache takes one query position a beam (a decoding step); got queries of shape "
+                f"{tuple(query.shape)}."
+            )
+        keys, values = self.project_key_value(query)
+        cache = beam_cache.written(cache, index, keys, values)
+        return self.output_dense(beam_cache.attention(self.query_dense(query), cache)), cache
 
     def _attend(self, query_heads, key_heads, value_heads, mask, fused, training):
         """Equation (1) on the projected heads: `(heads, weights or None)`.
@@ -397,12 +417,16 @@ class MultiHeadAttention(DirectCall, keras.layers.Layer):
         keys, values = self._project(value, key)
         return _head_major(keys), _head_major(values)
 
-    def empty_cache(self, batch_size, length, dtype=None):
+    def empty_cache(self, batch_size, length, dtype=None, beams=None):
         """A zeroed self-attention key/value cache of `length` positions:
         `(key_cache, value_cache)`, each `(batch_size, num_heads, length,
-        d_k | d_v)`, for `call(..., cache=..., cache_update_index=...)`."""
-        shape = (batch_size, self.num_heads, length)
+        d_k | d_v)`, for `call(..., cache=..., cache_update_index=...)`.
+        With `beams`, a cache that beam search never reorders
+        (`layers.beam_cache`) for `batch_size` sources of `beams` beams."""
         dtype = dtype or self.compute_dtype
+        if beams is not None:
+            return beam_cache.empty(batch_size, self.num_heads, beams, length, self._d_k, self._d_v, dtype)
+        shape = (batch_size, self.num_heads, length)
         return ops.zeros(shape + (self._d_k,), dtype), ops.zeros(shape + (self._d_v,), dtype)
 
     def _attention_mask(self, query_heads, key_heads, attention_mask, causal, offset):

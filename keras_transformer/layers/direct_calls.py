@@ -267,7 +267,7 @@ class DirectCall:
         # their variables or run inside one that does.
         if self._convert_input_args:
             args = tuple(_converted(self, value) for value in args)
-            kwargs = {key: _converted(self, value) for key, value in kwargs.items()}
+            kwargs = {key: value if _held(key, value) else _converted(self, value) for key, value in kwargs.items()}
         if getattr(self, "_torch_call_takes_mixed_dtypes", False):
             torch_call = _torch_call_of(self)
             if torch_call is not None:
@@ -492,6 +492,13 @@ def _cached(layer, name, source, make):
     value = make()
     object.__setattr__(layer, name, (source, source._version, value))
     return value
+
+
+def _held(name, value):
+    """Whether a call's keyword argument is a self-attention cache that
+    beam search never reorders (`beam_cache`), which holds its keys and
+    values in a dtype of its own (`beam_cache.held_dtype`): no cast."""
+    return name in ("cache", "self_attention_cache") and isinstance(value, (list, tuple)) and len(value) == 3
 
 
 def _converted(layer, value):

@@ -340,12 +340,14 @@ class TransformerBackbone(PresetIO, keras_hub.models.Backbone):
             return caches
         return [layer.cross_attention.project_key_value(encoder_output) for layer in self.decoder_layers]
 
-    def empty_self_attention_cache(self, batch_size, max_length):
+    def empty_self_attention_cache(self, batch_size, max_length, beams=None):
         """Zeroed self-attention key/value caches of `max_length` positions,
         one `(keys, values)` per decoder layer, each `(batch_size, heads,
-        max_length, d_k | d_v)`."""
+        max_length, d_k | d_v)`; with `beams`, one cache a layer that beam
+        search never reorders, for `batch_size` sources of `beams` beams
+        (`layers.beam_cache`)."""
         return [
-            layer.self_attention.empty_cache(batch_size, max_length, self.compute_dtype)
+            layer.self_attention.empty_cache(batch_size, max_length, self.compute_dtype, beams=beams)
             for layer in self.decoder_layers
         ]
 

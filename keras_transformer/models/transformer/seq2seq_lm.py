@@ -230,10 +230,12 @@ class TransformerSeq2SeqLM(PresetIO, keras_hub.models.Seq2SeqLM):
         `TransformerBackbone.cross_attention_cache`)."""
         return self.backbone.cross_attention_cache(encoder_output)
 
-    def empty_self_attention_cache(self, batch_size, max_length):
+    def empty_self_attention_cache(self, batch_size, max_length, beams=None):
         """Zeroed self-attention key/value caches, one `(keys, values)` per
-        decoder layer, each `(batch_size, heads, max_length, d_k | d_v)`."""
-        return self.backbone.empty_self_attention_cache(batch_size, max_length)
+        decoder layer, each `(batch_size, heads, max_length, d_k | d_v)`;
+        with `beams`, caches that beam search never reorders, for
+        `batch_size` sources of `beams` beams (`layers.beam_cache`)."""
+        return self.backbone.empty_self_attention_cache(batch_size, max_length, beams=beams)
 
     def initial_cache(self, encoder_output, max_length):
         """The decoding state of every decoder layer: an empty self-attention
