@@ -28,7 +28,10 @@ heads, beams, d_k, positions)` and values `(sources, heads, beams,
 positions, d_v)`, as the attention's products read them, and origins int32
 `(sources, beams, positions)`, 1 + the beam whose row holds the position
 (0: not written yet). `MultiHeadAttention` takes it as its `cache` with a
-`cache_update_index`, one query position a beam.
+`cache_update_index`, one query position a beam. (`Layer.__call__`
+casts every float input to the layer's dtype, a float32 cache of a
+bfloat16 layer too: the searches' loops call the layers directly,
+`direct_calls.direct_calls`, which leave it as it is.)
 
 Example:
 
