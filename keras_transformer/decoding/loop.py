@@ -173,7 +173,9 @@ def initial_state(model, batch, beam_size, length, width=None, beam_caches=False
 # Measured with the shipped preset's first model, 512 test_2016_flickr
 # sentences 64 at a time, beam 4, 2-core AMD EPYC, four alternating passes
 # (time with the plain cache / with this one, median): TensorFlow 1.10x
-# (float32) and 1.11x (bfloat16); JAX 1.01x and 0.96-0.99x. One sentence at a
+# (float32) and 1.11x (bfloat16); JAX 1.01x and 0.96-0.99x (again with
+# `benchmarks/beam_caches.py`: TensorFlow 1.04x and 1.09x, JAX 1.02x and
+# 1.00x, and JAX's bfloat16 BLEU 0.2 lower). One sentence at a
 # time in one loop (`search_loop`, 48 sentences, float32) it was slower:
 # JAX 0.85x, TensorFlow 0.95x; so that loop keeps a row a beam.
 SEGMENT_BEAM_CACHES = {"jax": False, "tensorflow": True}
