@@ -102,3 +102,33 @@ def test_a_beam_cache_serves_decoding_steps_only():
         layer(x, x, cache=held, cache_update_index=0)
     with pytest.raises(ValueError, match="decoding steps only"):
         layer(x[:, :1], x[:, :1], cache=held)
+
+
+@pytest.mark.skipif(keras.config.backend() == "torch", reason="PyTorch runs a step a call: no segments")
+def test_a_mixed_precision_search_in_segments_with_beam_caches_equals_plain_caches(monkeypatch):
+    """Under `mixed_bfloat16` (float32 weights, bfloat16 computation) the
+    segments' beam caches hold float32 on XLA's CPUs; the loop's direct
+    layer calls leave them so (`direct_calls._held`), and the
+    translations are those of a row a beam."""
+    from keras_transformer.decoding import beam
+    from keras_transformer.decoding import loop
+    from keras_transformer.decoding.beam import beam_search
+    from keras_transformer.decoding.interface import forget_decoding_functions
+
+    from test_beam_search import END, START, tiny_model
+
+    monkeypatch.setattr(beam, "concurrent_parts", lambda: 1)
+    previous = keras.config.dtype_policy()
+    keras.config.set_dtype_policy("mixed_bfloat16")
+    try:
+        model = tiny_model(seed=5, max_sequence_length=128)
+    finally:
+        keras.config.set_dtype_policy(previous)
+    sources = [[START] + [4 + (i * j) % 2 for j in range(i % 9)] + [END] for i in range(1, 24)]
+    found = {}
+    for held in (False, True):
+        monkeypatch.setattr(loop, "SEGMENT_BEAM_CACHES", {keras.config.backend(): held})
+        forget_decoding_functions(model)
+        found[held] = beam_search(model, sources, beam_size=4, max_length_offset=30)
+    assert [r[0][0] for r in found[True]] == [r[0][0] for r in found[False]]
+    np.testing.assert_allclose([r[0][1] for r in found[True]], [r[0][1] for r in found[False]], atol=0.05)
