@@ -188,6 +188,17 @@ def processor():
     return f"{name}, {os.cpu_count()} cores, AMX: {'yes' if 'amx' in text else 'no'}"
 
 
+def backend_worker(script, backend, arguments):
+    """Runs `script --worker *arguments` with `KERAS_BACKEND=backend` in a
+    process of its own, and gives what it printed last, as JSON; a worker
+    that fails ends the run with the end of its errors."""
+    env = {**os.environ, "KERAS_BACKEND": backend, "TF_CPP_MIN_LOG_LEVEL": "3"}
+    process = subprocess.run([sys.executable, script, "--worker", *arguments], env=env, capture_output=True, text=True)
+    if process.returncode:
+        sys.exit(f"The {backend} worker failed:\n{process.stderr[-3000:]}")
+    return json.loads(process.stdout.strip().splitlines()[-1])
+
+
 def _worker(script, args, backend, *extra, required=True):
     """Runs a timing worker (`decode.py` with `extra`) on `backend` in a
     process of its own, its progress and errors on this process's standard

@@ -20,10 +20,9 @@ same, and the BLEU of each.
 import argparse
 import json
 import os
-import subprocess
-import sys
 import time
 
+from anchor_ctranslate2 import backend_worker
 from anchor_ctranslate2 import processor
 
 
@@ -90,15 +89,10 @@ def main():
     print("| backend | weights | plain cache (sent/s) | beam cache (sent/s) | plain time / beam time, each round "
           "| median | same translations | BLEU plain / beam |")
     print("| --- | --- | ---: | ---: | --- | ---: | ---: | ---: |")
+    arguments = ["--preset", args.preset, "--data-dir", args.data_dir, "--dtypes", args.dtypes,
+                 "--sentences", str(args.sentences), "--batch-size", str(args.batch_size), "--passes", str(args.passes)]
     for backend in args.backends.split(","):
-        env = {**os.environ, "KERAS_BACKEND": backend, "TF_CPP_MIN_LOG_LEVEL": "3"}
-        command = [sys.executable, os.path.abspath(__file__), "--worker", "--preset", args.preset,
-                   "--data-dir", args.data_dir, "--dtypes", args.dtypes, "--sentences", str(args.sentences),
-                   "--batch-size", str(args.batch_size), "--passes", str(args.passes)]
-        process = subprocess.run(command, env=env, capture_output=True, text=True)
-        if process.returncode:
-            sys.exit(f"The {backend} worker failed:\n{process.stderr[-3000:]}")
-        for row in json.loads(process.stdout.strip().splitlines()[-1]):
+        for row in backend_worker(os.path.abspath(__file__), backend, arguments):
             ratios = sorted(row["ratios"])
             median = (ratios[(len(ratios) - 1) // 2] + ratios[len(ratios) // 2]) / 2
             print(f"| {row['backend']} | {row['dtype']} | {row['plain']:.1f} | {row['held']:.1f} "

@@ -16,10 +16,9 @@ to `beam.loop_batch_size(model)` sources, from such tables.
 import argparse
 import json
 import os
-import subprocess
-import sys
 import time
 
+from anchor_ctranslate2 import backend_worker
 from anchor_ctranslate2 import processor
 
 BATCHES = ((1, 64), (4, 64), (16, 128), (64, 128))  # (batch size, sentences)
@@ -73,13 +72,8 @@ def main():
     print("| backend | batch | host loop (sent/s) | compiled loop (sent/s) | loop / host | same translations |")
     print("| --- | ---: | ---: | ---: | ---: | ---: |")
     for backend in args.backends.split(","):
-        env = {**os.environ, "KERAS_BACKEND": backend, "TF_CPP_MIN_LOG_LEVEL": "3"}
-        command = [sys.executable, os.path.abspath(__file__), "--worker", "--preset", args.preset,
-                   "--data-dir", args.data_dir]
-        process = subprocess.run(command, env=env, capture_output=True, text=True)
-        if process.returncode:
-            sys.exit(f"The {backend} worker failed:\n{process.stderr[-3000:]}")
-        for row in json.loads(process.stdout.strip().splitlines()[-1]):
+        arguments = ["--preset", args.preset, "--data-dir", args.data_dir]
+        for row in backend_worker(os.path.abspath(__file__), backend, arguments):
             print(f"| {row['backend']} | {row['batch']} | {row['host']:.1f} | {row['loop']:.1f} "
                   f"| {row['loop'] / row['host']:.2f}x | {row['same']}/{row['sentences']} |", flush=True)
 
