@@ -208,11 +208,9 @@ def reordered_caches(caches, parents, beam_size):
     `parents` (int32 `(batch * beam_size,)`, each a row of the same
     source's beams): a plain cache's rows taken, a beam cache's origins
     (`layers.beam_cache.reordered`)."""
-    if not any(beam_cache.is_beam_cache(cache) for cache in caches):
-        return [(ops.take(keys, parents, axis=0), ops.take(values, parents, axis=0)) for keys, values in caches]
-    grouped = ops.reshape(parents, (-1, beam_size))
-    first_rows = ops.arange(ops.shape(grouped)[0], dtype="int32")[:, None] * beam_size
-    parent_beams = grouped - first_rows
+    if any(beam_cache.is_beam_cache(cache) for cache in caches):
+        grouped = ops.reshape(parents, (-1, beam_size))
+        parent_beams = grouped - ops.arange(ops.shape(grouped)[0], dtype="int32")[:, None] * beam_size
     return [
         beam_cache.reordered(cache, parent_beams) if beam_cache.is_beam_cache(cache)
         else tuple(ops.take(x, parents, axis=0) for x in cache)

@@ -66,6 +66,7 @@ import keras
 from keras.src.backend import AutocastScope
 from keras.src.backend import get_autocast_scope
 
+from keras_transformer.layers.beam_cache import is_beam_cache
 from keras_transformer.layers.bfloat16_products import EXACT_INT8_INPUTS
 from keras_transformer.layers.bfloat16_products import bfloat16_product
 from keras_transformer.layers.bfloat16_products import bfloat16_products_in_float32
@@ -498,7 +499,7 @@ def _held(name, value):
     """Whether a call's keyword argument is a self-attention cache that
     beam search never reorders (`beam_cache`), which holds its keys and
     values in a dtype of its own (`beam_cache.held_dtype`): no cast."""
-    return name in ("cache", "self_attention_cache") and isinstance(value, (list, tuple)) and len(value) == 3
+    return name in ("cache", "self_attention_cache") and isinstance(value, (list, tuple)) and is_beam_cache(value)
 
 
 def _converted(layer, value):
