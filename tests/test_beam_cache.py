@@ -10,6 +10,8 @@ from keras import ops
 
 from keras_transformer.layers import MultiHeadAttention
 from keras_transformer.layers import beam_cache
+from keras_transformer.layers import cache_bits
+from keras_transformer.layers.bfloat16_products import xla_on_cpu
 
 SOURCES, BEAMS, HEADS, D_MODEL, LENGTH = 2, 3, 2, 8, 6
 
@@ -89,7 +91,7 @@ def test_a_bfloat16_layers_beam_cache_holds_float32_on_xla_cpus():
     x = ops.cast(np.random.default_rng(2).normal(size=(SOURCES * BEAMS, 1, D_MODEL)), "bfloat16")
     with direct_calls():
         out, held = layer(x, x, cache=held, cache_update_index=0)
-    on_xla_cpu = keras.config.backend() in ("jax", "tensorflow") and beam_cache._on_cpu()
+    on_xla_cpu = xla_on_cpu()
     assert keras.backend.standardize_dtype(held[0].dtype) == ("float32" if on_xla_cpu else "bfloat16")
     assert keras.backend.standardize_dtype(out.dtype) == "bfloat16"
 
@@ -128,6 +130,7 @@ def test_a_mixed_precision_search_in_segments_with_beam_caches_equals_plain_cach
     found = {}
     for held in (False, True):
         monkeypatch.setattr(loop, "SEGMENT_BEAM_CACHES", {keras.config.backend(): held})
+        monkeypatch.setattr(cache_bits, "HELD_AS_BITS", {})  # (else TensorFlow's plain caches, held as bits)
         forget_decoding_functions(model)
         found[held] = beam_search(model, sources, beam_size=4, max_length_offset=30)
     assert [r[0][0] for r in found[True]] == [r[0][0] for r in found[False]]

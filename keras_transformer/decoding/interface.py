@@ -147,7 +147,7 @@ def search_state_functions(model, beam_size):
     make a state, 3 to drop slots, 3 to grow, against segments of 40 ms.
     """
     def initial(batch, length):
-        return initial_state(model, batch, beam_size, length, beam_caches=segment_beam_caches())
+        return initial_state(model, batch, beam_size, length, beam_caches=segment_beam_caches(model))
 
     def kept(state, cross, keep):
         return kept_slots(state, cross, keep, beam_size)

@@ -32,7 +32,8 @@ On TensorFlow the segments hold self-attention caches that they never
 reorder (`layers.beam_cache`, `SEGMENT_BEAM_CACHES`) where the model's
 `empty_self_attention_cache` takes `beams`: a step reorders only which
 row holds each position of a beam's history, not every layer's keys and
-values.
+values. Not for a bfloat16 model on a CPU, whose plain caches hold their
+numbers' bits (`layers.cache_bits`) and reorder faster.
 """
 import contextlib
 import inspect
@@ -47,6 +48,7 @@ from keras_transformer.decoding.rules import length_penalty
 from keras_transformer.decoding.rules import never_output_bias
 from keras_transformer.decoding.rules import search_is_over
 from keras_transformer.layers import beam_cache
+from keras_transformer.layers import cache_bits
 from keras_transformer.layers.direct_calls import direct_calls
 from keras_transformer.layers.direct_calls import take_rows
 from keras_transformer.layers.direct_calls import zero_padded
@@ -181,10 +183,17 @@ def initial_state(model, batch, beam_size, length, width=None, beam_caches=False
 SEGMENT_BEAM_CACHES = {"jax": False, "tensorflow": True}
 
 
-def segment_beam_caches():
+def segment_beam_caches(model):
     """Whether `search_segment`'s states hold `layers.beam_cache` caches
-    on this backend (`SEGMENT_BEAM_CACHES`)."""
-    return SEGMENT_BEAM_CACHES.get(keras.config.backend(), False)
+    for `model` on this backend: where `SEGMENT_BEAM_CACHES` says so, but
+    not where the model's plain caches hold bfloat16 numbers as their
+    bits (`layers.cache_bits`). Those reorder as integers, and their
+    search ran faster than one with beam caches: TensorFlow bfloat16, the
+    same 512 sentences 64 at a time, 1.05x (beam caches holding bits too,
+    0.95x)."""
+    if not SEGMENT_BEAM_CACHES.get(keras.config.backend(), False):
+        return False
+    return not any(cache_bits.holds_bits(cache[0]) for cache in model.empty_self_attention_cache(1, 1))
 
 
 def empty_caches(model, batch, beam_size, length, beam_caches=False):

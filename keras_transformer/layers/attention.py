@@ -15,6 +15,7 @@ import ml_dtypes
 from keras import ops
 
 from keras_transformer.layers import beam_cache
+from keras_transformer.layers import cache_bits
 from keras_transformer.layers.direct_calls import DirectCall
 from keras_transformer.layers.direct_calls import Dropout
 from keras_transformer.layers.direct_calls import EinsumDense
@@ -307,8 +308,8 @@ class MultiHeadAttention(DirectCall, keras.layers.Layer):
             if cache_update_index is not None:
                 start = [0, 0, cache_update_index, 0]
                 keys, values = self.project_key_value(value, key)
-                cache = (write_cache(cache[0], start, keys), write_cache(cache[1], start, values))
-            key_heads, value_heads = _token_major(cache[0]), _token_major(cache[1])
+                cache = tuple(write_cache(c, start, cache_bits.held(x, c)) for c, x in zip(cache, (keys, values)))
+            key_heads, value_heads = (_token_major(cache_bits.read(c)) for c in cache)
         query_shape = ops.shape(query_heads)
         end = cache_update_index + query_shape[1] if isinstance(cache_update_index, int) else None
         if use_causal_mask and end is not None and end > 1 and not return_attention_scores:
@@ -336,7 +337,7 @@ class MultiHeadAttention(DirectCall, keras.layers.Layer):
             and (self.dropout == 0.0 or not training)
         )
         if shared_memory and fused and _compiles_head_major(self):
-            heads, weights = head_major_attention(query_heads, cache[0], cache[1], mask), None
+            heads, weights = head_major_attention(query_heads, *map(cache_bits.read, cache), mask), None
         else:
             heads, weights = self._attend(query_heads, key_heads, value_heads, mask, fused, training)
         if shared_memory:
@@ -420,13 +421,16 @@ class MultiHeadAttention(DirectCall, keras.layers.Layer):
     def empty_cache(self, batch_size, length, dtype=None, beams=None):
         """A zeroed self-attention key/value cache of `length` positions:
         `(key_cache, value_cache)`, each `(batch_size, num_heads, length,
-        d_k | d_v)`, for `call(..., cache=..., cache_update_index=...)`.
+        d_k | d_v)`, for `call(..., cache=..., cache_update_index=...)`;
+        a bfloat16 cache on TensorFlow's CPU holds the numbers' bits, as
+        `uint16` (`layers.cache_bits`).
         With `beams`, a cache that beam search never reorders
         (`layers.beam_cache`) for `batch_size` sources of `beams` beams."""
         dtype = dtype or self.compute_dtype
         if beams is not None:
             return beam_cache.empty(batch_size, self.num_heads, beams, length, self._d_k, self._d_v, dtype)
         shape = (batch_size, self.num_heads, length)
+        dtype = cache_bits.held_dtype(dtype)
         return ops.zeros(shape + (self._d_k,), dtype), ops.zeros(shape + (self._d_v,), dtype)
 
     def _attention_mask(self, query_heads, key_heads, attention_mask, causal, offset):

@@ -41,10 +41,9 @@ Example:
 ((2, 4, 3, 16, 8), (2, 3, 8))
 """
 
-import functools
-
-import keras
 from keras import ops
+
+from keras_transformer.layers.bfloat16_products import xla_on_cpu
 
 
 def empty(sources, heads, beams, length, key_dim, value_dim, dtype="float32"):
@@ -71,20 +70,9 @@ def held_dtype(dtype):
     >>> held_dtype("float32")
     'float32'
     """
-    if dtype == "bfloat16" and keras.config.backend() in ("jax", "tensorflow") and _on_cpu():
+    if dtype == "bfloat16" and xla_on_cpu():
         return "float32"
     return dtype
-
-
-@functools.lru_cache(maxsize=None)  # (the default device does not change in a process)
-def _on_cpu():
-    if keras.config.backend() == "jax":
-        import jax
-
-        return jax.default_backend() == "cpu"
-    import tensorflow as tf
-
-    return not tf.config.list_logical_devices("GPU")
 
 
 def is_beam_cache(cache):
