@@ -4,6 +4,7 @@ at every step and against the attention of each beam over its own
 history computed in NumPy."""
 
 import keras
+import ml_dtypes
 import numpy as np
 import pytest
 from keras import ops
@@ -11,7 +12,6 @@ from keras import ops
 from keras_transformer.layers import MultiHeadAttention
 from keras_transformer.layers import beam_cache
 from keras_transformer.layers import cache_bits
-from keras_transformer.layers.bfloat16_products import xla_on_cpu
 
 SOURCES, BEAMS, HEADS, D_MODEL, LENGTH = 2, 3, 2, 8, 6
 
@@ -26,9 +26,10 @@ def _layer(dtype=None):
 def _numpy_attention(layer, history, query):
     """Equation (1) and the output projection in NumPy: `query` `(d_model,)`
     over the inputs `history` `(positions, d_model)` of its beam."""
-    weights = {name: ops.convert_to_numpy(getattr(layer, name).kernel).astype("float64") for name in (
-        "query_dense", "key_dense", "value_dense", "output_dense")}
-    biases = {name: ops.convert_to_numpy(getattr(layer, name).bias).astype("float64") for name in weights}
+    weights = {name: ops.convert_to_numpy(ops.cast(getattr(layer, name).kernel, "float32")).astype("float64")
+               for name in ("query_dense", "key_dense", "value_dense", "output_dense")}
+    biases = {name: ops.convert_to_numpy(ops.cast(getattr(layer, name).bias, "float32")).astype("float64")
+              for name in weights}
     q = np.einsum("d,dnh->nh", query, weights["query_dense"]) + biases["query_dense"]
     k = np.einsum("pd,dnh->pnh", history, weights["key_dense"]) + biases["key_dense"]
     v = np.einsum("pd,dnh->pnh", history, weights["value_dense"]) + biases["value_dense"]
@@ -38,18 +39,23 @@ def _numpy_attention(layer, history, query):
     return np.einsum("nh,nhd->d", heads, weights["output_dense"]) + biases["output_dense"]
 
 
-def test_a_beam_cache_attends_as_a_reordered_cache_and_as_numpy():
-    layer = _layer()
+@pytest.mark.parametrize("dtype, atol", [("float32", 1e-5), ("bfloat16", 0.05)])
+def test_a_beam_cache_attends_as_a_reordered_cache_and_as_numpy(dtype, atol, monkeypatch):
+    monkeypatch.setattr(cache_bits, "HELD_AS_BITS", {})  # (a plain cache of bfloat16 to compare with)
+    layer = _layer(dtype)
     rng = np.random.default_rng(0)
     plain = layer.empty_cache(SOURCES * BEAMS, LENGTH)
     held = layer.empty_cache(SOURCES, LENGTH, beams=BEAMS)
     assert tuple(held[0].shape) == (SOURCES, HEADS, BEAMS, D_MODEL // HEADS, LENGTH)
+    assert keras.backend.standardize_dtype(held[0].dtype) == dtype
     histories = [np.zeros((0, D_MODEL)) for _ in range(SOURCES * BEAMS)]
     for index in range(LENGTH - 1):
         # Each beam extends one of its source's beams (some twice, some none).
         parents = rng.integers(0, BEAMS, (SOURCES, BEAMS)).astype("int32")
         rows = (np.arange(SOURCES)[:, None] * BEAMS + parents).reshape(-1)
         x = rng.normal(size=(SOURCES * BEAMS, 1, D_MODEL)).astype("float32")
+        if dtype == "bfloat16":
+            x = x.astype(ml_dtypes.bfloat16).astype("float32")  # (the inputs the layer reads)
         histories = [np.concatenate([histories[row], x[i]]) for i, row in enumerate(rows)]
 
         plain = tuple(ops.take(c, ops.convert_to_tensor(rows), axis=0) for c in plain)
@@ -57,9 +63,11 @@ def test_a_beam_cache_attends_as_a_reordered_cache_and_as_numpy():
         held = beam_cache.reordered(held, ops.convert_to_tensor(parents))
         got, held = layer(x, x, use_causal_mask=True, cache=held, cache_update_index=index)
 
+        assert keras.backend.standardize_dtype(got.dtype) == dtype
+        got, expected = (ops.convert_to_numpy(ops.cast(t, "float32")) for t in (got, expected))
         reference = np.stack([_numpy_attention(layer, histories[i], x[i, 0]) for i in range(SOURCES * BEAMS)])
-        np.testing.assert_allclose(ops.convert_to_numpy(got)[:, 0], reference, atol=1e-5)
-        np.testing.assert_allclose(ops.convert_to_numpy(got), ops.convert_to_numpy(expected), atol=1e-5)
+        np.testing.assert_allclose(got[:, 0], reference, atol=atol)
+        np.testing.assert_allclose(got, expected, atol=atol)
     # Keys and values stay where they were written: a beam's own row at each step.
     origins = ops.convert_to_numpy(held[2])
     assert origins[:, :, LENGTH - 1].max() == 0 and origins[:, :, : LENGTH - 1].min() >= 1
@@ -81,21 +89,6 @@ def test_kept_and_padded_beam_caches_keep_each_beams_history():
     np.testing.assert_allclose(ops.convert_to_numpy(got)[:, 0], reference, atol=1e-5)
 
 
-def test_a_bfloat16_layers_beam_cache_holds_float32_on_xla_cpus():
-    """Called directly, as the searches' loops call it (`Layer.__call__`
-    casts every float input to the layer's dtype, the cache too)."""
-    from keras_transformer.layers.direct_calls import direct_calls
-
-    layer = _layer("bfloat16")
-    held = layer.empty_cache(SOURCES, 4, beams=BEAMS)
-    x = ops.cast(np.random.default_rng(2).normal(size=(SOURCES * BEAMS, 1, D_MODEL)), "bfloat16")
-    with direct_calls():
-        out, held = layer(x, x, cache=held, cache_update_index=0)
-    on_xla_cpu = xla_on_cpu()
-    assert keras.backend.standardize_dtype(held[0].dtype) == ("float32" if on_xla_cpu else "bfloat16")
-    assert keras.backend.standardize_dtype(out.dtype) == "bfloat16"
-
-
 def test_a_beam_cache_serves_decoding_steps_only():
     layer = _layer()
     held = layer.empty_cache(SOURCES, 4, beams=BEAMS)
@@ -109,9 +102,8 @@ def test_a_beam_cache_serves_decoding_steps_only():
 @pytest.mark.skipif(keras.config.backend() == "torch", reason="PyTorch runs a step a call: no segments")
 def test_a_mixed_precision_search_in_segments_with_beam_caches_equals_plain_caches(monkeypatch):
     """Under `mixed_bfloat16` (float32 weights, bfloat16 computation) the
-    segments' beam caches hold float32 on XLA's CPUs; the loop's direct
-    layer calls leave them so (`direct_calls._held`), and the
-    translations are those of a row a beam."""
+    segments' beam caches hold bfloat16, and the translations are those of
+    a row a beam."""
     from keras_transformer.decoding import beam
     from keras_transformer.decoding import loop
     from keras_transformer.decoding.beam import beam_search

@@ -35,7 +35,6 @@ row holds each position of a beam's history, not every layer's keys and
 values. Not for a bfloat16 model on a CPU, whose plain caches hold their
 numbers' bits (`layers.cache_bits`) and reorder faster.
 """
-import contextlib
 import inspect
 
 import keras
@@ -49,7 +48,6 @@ from keras_transformer.decoding.rules import never_output_bias
 from keras_transformer.decoding.rules import search_is_over
 from keras_transformer.layers import beam_cache
 from keras_transformer.layers import cache_bits
-from keras_transformer.layers.direct_calls import direct_calls
 from keras_transformer.layers.direct_calls import take_rows
 from keras_transformer.layers.direct_calls import zero_padded
 
@@ -188,9 +186,9 @@ def segment_beam_caches(model):
     for `model` on this backend: where `SEGMENT_BEAM_CACHES` says so, but
     not where the model's plain caches hold bfloat16 numbers as their
     bits (`layers.cache_bits`). Those reorder as integers, and their
-    search ran faster than one with beam caches: TensorFlow bfloat16, the
-    same 512 sentences 64 at a time, 1.05x (beam caches holding bits too,
-    0.95x)."""
+    search ran as fast or faster than one with beam caches: TensorFlow
+    bfloat16, the same 512 sentences 64 at a time, 1.02x and 1.05x (two
+    runs; beam caches holding bits too, 0.95x)."""
     if not SEGMENT_BEAM_CACHES.get(keras.config.backend(), False):
         return False
     return not any(cache_bits.holds_bits(cache[0]) for cache in model.empty_self_attention_cache(1, 1))
@@ -313,12 +311,7 @@ def _search_step(model, cross, encoder_mask, budgets, width, beam_size, num_resu
 
     def body(index, tokens, parents, sequences, log_probs, finished, count, done, caches):
         caches = reordered_caches(caches, parents, k)
-        # (Layers called directly with beam caches: `Layer.__call__` would
-        # cast their float32 keys and values to a bfloat16 model's dtype.)
-        with direct_calls() if beam_cache.is_beam_cache(caches[0]) else contextlib.nullcontext():
-            logits, cache = model.call_decoder_with_cache(
-                tokens[:, None], index, list(zip(caches, cross)), encoder_mask
-            )
+        logits, cache = model.call_decoder_with_cache(tokens[:, None], index, list(zip(caches, cross)), encoder_mask)
         caches = [self_cache for self_cache, _ in cache]
         values, flat = best_extensions(logits, log_probs, never_output, 2 * k)
         flat = ops.cast(flat, "int32")

@@ -28,10 +28,7 @@ heads, beams, d_k, positions)` and values `(sources, heads, beams,
 positions, d_v)`, as the attention's products read them, and origins int32
 `(sources, beams, positions)`, 1 + the beam whose row holds the position
 (0: not written yet). `MultiHeadAttention` takes it as its `cache` with a
-`cache_update_index`, one query position a beam. (`Layer.__call__`
-casts every float input to the layer's dtype, a float32 cache of a
-bfloat16 layer too: the searches' loops call the layers directly,
-`direct_calls.direct_calls`, which leave it as it is.)
+`cache_update_index`, one query position a beam.
 
 Example:
 
@@ -43,36 +40,15 @@ Example:
 
 from keras import ops
 
-from keras_transformer.layers.bfloat16_products import xla_on_cpu
-
 
 def empty(sources, heads, beams, length, key_dim, value_dim, dtype="float32"):
     """A zeroed cache of `length` positions: `(keys, values, origins)`,
-    keys and values in `held_dtype(dtype)`."""
-    dtype = held_dtype(dtype)
+    keys and values in `dtype`."""
     return (
         ops.zeros((sources, heads, beams, key_dim, length), dtype),
         ops.zeros((sources, heads, beams, length, value_dim), dtype),
         ops.zeros((sources, beams, length), "int32"),
     )
-
-
-def held_dtype(dtype):
-    """The dtype in which a beam cache holds the keys and values of layers
-    computing in `dtype`: `dtype`, but float32 for bfloat16 on JAX's and
-    TensorFlow's CPUs. XLA's CPU code writes a bfloat16 cache's new
-    position by converting the whole cache to float32 and back, and
-    converts it again for the attention's products, at every step and
-    layer; bfloat16 keys and values widen to float32 exactly.
-
-    Example:
-
-    >>> held_dtype("float32")
-    'float32'
-    """
-    if dtype == "bfloat16" and xla_on_cpu():
-        return "float32"
-    return dtype
 
 
 def is_beam_cache(cache):

@@ -66,7 +66,6 @@ import keras
 from keras.src.backend import AutocastScope
 from keras.src.backend import get_autocast_scope
 
-from keras_transformer.layers.beam_cache import is_beam_cache
 from keras_transformer.layers.bfloat16_products import EXACT_INT8_INPUTS
 from keras_transformer.layers.bfloat16_products import bfloat16_product
 from keras_transformer.layers.bfloat16_products import bfloat16_products_in_float32
@@ -268,7 +267,7 @@ class DirectCall:
         # their variables or run inside one that does.
         if self._convert_input_args:
             args = tuple(_converted(self, value) for value in args)
-            kwargs = {key: value if _held(key, value) else _converted(self, value) for key, value in kwargs.items()}
+            kwargs = {key: _converted(self, value) for key, value in kwargs.items()}
         if getattr(self, "_torch_call_takes_mixed_dtypes", False):
             torch_call = _torch_call_of(self)
             if torch_call is not None:
@@ -493,13 +492,6 @@ def _cached(layer, name, source, make):
     value = make()
     object.__setattr__(layer, name, (source, source._version, value))
     return value
-
-
-def _held(name, value):
-    """Whether a call's keyword argument is a self-attention cache that
-    beam search never reorders (`beam_cache`), which holds its keys and
-    values in a dtype of its own (`beam_cache.held_dtype`): no cast."""
-    return name in ("cache", "self_attention_cache") and isinstance(value, (list, tuple)) and is_beam_cache(value)
 
 
 def _converted(layer, value):
