@@ -17,6 +17,9 @@ which, by backend).
 segments then hold plain caches, not beam caches), one sentence at a time
 (the search in one compiled loop) or 64 at a time (segments).
 
+`--compare cache-chunk`: segments that hold a row a beam growing their
+caches by 16 positions at a time or by 8 (`decoding.beam.SEGMENT_CACHE_CHUNK`).
+
 For each backend (in a process of its own) and dtype, two copies of the
 model translate the same test_2016_flickr sources with beam 4 and alpha
 0.6 in alternating passes, the order reversed every other round, so that
@@ -47,11 +50,18 @@ def _cache_bits(backend, second):
     cache_bits.HELD_AS_BITS = {backend: second}
 
 
+def _cache_chunk(backend, second):
+    from keras_transformer.decoding import beam
+
+    beam.SEGMENT_CACHE_CHUNK = 8 if second else 16
+
+
 # Each comparison: its two kinds' names, and how a copy of the model
 # selects its kind (`second`: False for the first, True for the second).
 COMPARISONS = {
     "beam-caches": (("plain cache", "beam cache"), _beam_caches),
     "cache-bits": (("bfloat16 cache", "bits cache"), _cache_bits),
+    "cache-chunk": (("chunk 16", "chunk 8"), _cache_chunk),
 }
 
 

@@ -211,10 +211,14 @@ def test_sources_leave_the_batch_without_changing_results(mode, monkeypatch):
     assert shrinks, kept
     if mode == "segments":
         assert not first_rows  # no step called one at a time
-        # A segment ends where the batch shrinks, where the cache grows (from 16
-        # positions to the 24 that the longest budget, 16 tokens, rounds up to),
-        # or at the end.
-        assert grown == [24] and len(segments) == len(shrinks) + len(grown) + 1, (segments, kept, grown)
+        # A segment ends where the batch shrinks, where the cache grows (by
+        # its chunk of positions, to the 24 that the longest budget, 16
+        # tokens, rounds up to), or at the end.
+        from keras_transformer.decoding.loop import segment_beam_caches
+
+        chunk = beam.CACHE_CHUNK if segment_beam_caches(model) else beam.SEGMENT_CACHE_CHUNK
+        assert grown == list(range(2 * chunk, 24, chunk)) + [24], grown
+        assert len(segments) == len(shrinks) + len(grown) + 1, (segments, kept, grown)
         assert segments[0] == len(sources) and segments[-1] == 8, segments
     else:
         # The first step: one row a source (its one live beam), or, compiled,
@@ -321,7 +325,8 @@ def test_segments_of_compiled_steps_equal_a_step_a_call(kind, alpha, beam_caches
         function, state, cross, keep))
     segments = beam_search(model, sources, **settings)
     steps = beam_search(model, sources, functions=decoding_functions(model), **settings)
-    assert grown[:2] == [32, 48] and shrunk and shrunk[-1] == 8, (grown, shrunk)
+    chunk = beam.CACHE_CHUNK if beam_caches else beam.SEGMENT_CACHE_CHUNK
+    assert grown[:2] == [2 * chunk, 3 * chunk] and shrunk and shrunk[-1] == 8, (grown, shrunk)
     assert set(held) == {3 if beam_caches else 2}, held
     outputs = [[[ids for ids, _, _ in result] for result in found] for found in (segments, steps)]
     assert outputs[0] == outputs[1]
