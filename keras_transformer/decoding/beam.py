@@ -46,8 +46,8 @@ from keras_transformer.decoding.interface import decoding_functions
 from keras_transformer.decoding.interface import search_loop_function
 from keras_transformer.decoding.interface import search_segment_function
 from keras_transformer.decoding.interface import search_state_functions
+from keras_transformer.decoding.interface import segment_holds_beam_caches
 from keras_transformer.decoding.loop import padded_caches
-from keras_transformer.decoding.loop import segment_beam_caches
 from keras_transformer.decoding.rules import LENGTH_PENALTIES
 from keras_transformer.decoding.rules import length_penalty
 from keras_transformer.decoding.rules import output_budgets
@@ -353,7 +353,7 @@ def _search_in_segments(model, sources, max_length_offset, settings, functions=N
     segment = search_segment_function(model, k, settings.num_results, settings.alpha, settings.kind)
     _, cross = decoding_functions(model)[0](encoder_ids, encoder_mask)
 
-    chunk = CACHE_CHUNK if segment_beam_caches(model) else SEGMENT_CACHE_CHUNK
+    chunk = CACHE_CHUNK if segment_holds_beam_caches(model) else SEGMENT_CACHE_CHUNK
     cache_length = min(chunk, max_length)
     initial, kept, grown = search_state_functions(model, k)
     state = initial(batch=batch, length=cache_length)

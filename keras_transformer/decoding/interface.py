@@ -147,7 +147,7 @@ def search_state_functions(model, beam_size):
     make a state, 3 to drop slots, 3 to grow, against segments of 40 ms.
     """
     def initial(batch, length):
-        return initial_state(model, batch, beam_size, length, beam_caches=segment_beam_caches(model))
+        return initial_state(model, batch, beam_size, length, beam_caches=segment_holds_beam_caches(model))
 
     def kept(state, cross, keep):
         return kept_slots(state, cross, keep, beam_size)
@@ -160,19 +160,34 @@ def search_state_functions(model, beam_size):
     )
 
 
+def segment_holds_beam_caches(model):
+    """`loop.segment_beam_caches(model)`, decided once per model and kept
+    with its compiled functions (`forget_decoding_functions` drops it too):
+    whether the states of `search_state_functions` hold `layers.beam_cache`
+    caches, which also sets how the host search grows them
+    (`beam.SEGMENT_CACHE_CHUNK`). (Deciding asks the model for an empty
+    cache: not at every search.)"""
+    return _made_once(model, ("segment beam caches",), lambda: segment_beam_caches(model))
+
+
 def _compiled_once(model, key, function, reads_weights=True):
     """`function` compiled for the backend (`compile_for_inference`), kept
     on `model` under `key`: compiled once per model and key. A function
     that reads none of the model's weights is compiled without them as
     inputs (`reads_weights=False`): each call would pass them all."""
+    return _made_once(model, key, lambda: compile_for_inference(model if reads_weights else _WITHOUT_WEIGHTS, function))
+
+
+def _made_once(model, key, make):
+    """`make()`, kept on `model` under `key`: made once per model and key."""
     # (The parts of a batch, searched in threads at once, ask at once: one
-    # of them makes the function, which then compiles once.)
+    # of them makes it, and a function made so then compiles once.)
     with _MAKING:
         if getattr(model, _LOOPS, None) is None:
             setattr(model, _LOOPS, _CompiledLoops())
         loops = getattr(model, _LOOPS).by_settings
         if key not in loops:
-            loops[key] = compile_for_inference(model if reads_weights else _WITHOUT_WEIGHTS, function)
+            loops[key] = make()
         return loops[key]
 
 
