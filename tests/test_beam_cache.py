@@ -109,16 +109,11 @@ def test_a_mixed_precision_search_in_segments_with_beam_caches_equals_plain_cach
     from keras_transformer.decoding.beam import beam_search
     from keras_transformer.decoding.interface import forget_decoding_functions
 
-    from test_beam_search import END, START, tiny_model
+    from test_beam_search import UNEVEN_SOURCES, tiny_model
 
     monkeypatch.setattr(beam, "concurrent_parts", lambda: 1)
-    previous = keras.config.dtype_policy()
-    keras.config.set_dtype_policy("mixed_bfloat16")
-    try:
-        model = tiny_model(seed=5, max_sequence_length=128)
-    finally:
-        keras.config.set_dtype_policy(previous)
-    sources = [[START] + [4 + (i * j) % 2 for j in range(i % 9)] + [END] for i in range(1, 24)]
+    model = tiny_model(seed=5, max_sequence_length=128, dtype_policy="mixed_bfloat16")
+    sources = UNEVEN_SOURCES
     found = {}
     for held in (False, True):
         monkeypatch.setattr(loop, "SEGMENT_BEAM_CACHES", {keras.config.backend(): held})

@@ -21,17 +21,30 @@ VOCABULARY = 6  # <pad> <unk> <s> </s> a b
 OUTPUTS = [1, 3, 4, 5]  # what the model may emit: never <pad> or <s>
 
 
-def tiny_model(seed=0, max_sequence_length=64, **kwargs):
+# 23 sources of 2-10 tokens, whose searches end at different steps: a
+# batch that shrinks and a self-attention cache that grows.
+UNEVEN_SOURCES = [[START] + [4 + (i * j) % 2 for j in range(i % 9)] + [END] for i in range(1, 24)]
+
+
+def tiny_model(seed=0, max_sequence_length=64, dtype_policy=None, **kwargs):
+    """A random one-layer model; built under the global `dtype_policy`
+    (`"bfloat16"`, `"mixed_bfloat16"`) where one is given."""
     import keras
 
-    keras.utils.set_random_seed(seed)
-    backbone = TransformerBackbone(
-        VOCABULARY, num_layers=1, d_model=16, d_ff=32, num_heads=2, dropout=0.0,
-        max_sequence_length=max_sequence_length, **kwargs,
-    )
-    # Large random embeddings make the distributions peaked and varied.
-    backbone.token_embedding.embeddings.assign(np.random.normal(0, 1.5, (VOCABULARY, 16)).astype("float32"))
-    return TransformerSeq2SeqLM(backbone)
+    previous = keras.config.dtype_policy()
+    if dtype_policy is not None:
+        keras.config.set_dtype_policy(dtype_policy)
+    try:
+        keras.utils.set_random_seed(seed)
+        backbone = TransformerBackbone(
+            VOCABULARY, num_layers=1, d_model=16, d_ff=32, num_heads=2, dropout=0.0,
+            max_sequence_length=max_sequence_length, **kwargs,
+        )
+        # Large random embeddings make the distributions peaked and varied.
+        backbone.token_embedding.embeddings.assign(np.random.normal(0, 1.5, (VOCABULARY, 16)).astype("float32"))
+        return TransformerSeq2SeqLM(backbone)
+    finally:
+        keras.config.set_dtype_policy(previous)
 
 
 def teacher_forced_inputs(source, outputs):
@@ -313,7 +326,7 @@ def test_segments_of_compiled_steps_equal_a_step_a_call(kind, alpha, beam_caches
     monkeypatch.setattr(loop, "SEGMENT_BEAM_CACHES", {keras.config.backend(): beam_caches})
     monkeypatch.setattr(beam, "concurrent_parts", lambda: 1)
     model = tiny_model(seed=5, max_sequence_length=128)
-    sources = [[START] + [4 + (i * j) % 2 for j in range(i % 9)] + [END] for i in range(1, 24)]
+    sources = list(UNEVEN_SOURCES)
     sources.insert(5, [])
     settings = dict(beam_size=4, num_results=3, alpha=alpha, length_penalty=kind, max_length_offset=30)
     grown, shrunk = [], []
