@@ -20,6 +20,9 @@ segments then hold plain caches, not beam caches), one sentence at a time
 `--compare cache-chunk`: segments that hold a row a beam growing their
 caches by 16 positions at a time or by 8 (`decoding.beam.SEGMENT_CACHE_CHUNK`).
 
+`--compare eager-chunk`: the same for PyTorch's eager host search
+(`decoding.beam.EAGER_CACHE_CHUNK`; `--backends torch`).
+
 For each backend (in a process of its own) and dtype, two copies of the
 model translate the same test_2016_flickr sources with beam 4 and alpha
 0.6 in alternating passes, the order reversed every other round, so that
@@ -56,12 +59,19 @@ def _cache_chunk(backend, second):
     beam.SEGMENT_CACHE_CHUNK = 8 if second else 16
 
 
+def _eager_chunk(backend, second):
+    from keras_transformer.decoding import beam
+
+    beam.EAGER_CACHE_CHUNK = 8 if second else 16
+
+
 # Each comparison: its two kinds' names, and how a copy of the model
 # selects its kind (`second`: False for the first, True for the second).
 COMPARISONS = {
     "beam-caches": (("plain cache", "beam cache"), _beam_caches),
     "cache-bits": (("bfloat16 cache", "bits cache"), _cache_bits),
     "cache-chunk": (("chunk 16", "chunk 8"), _cache_chunk),
+    "eager-chunk": (("chunk 16", "chunk 8"), _eager_chunk),
 }
 
 
