@@ -64,9 +64,9 @@ CACHE_CHUNK = 16
 # every step reorders the whole cache, so it grows by fewer positions at a
 # time (no step shapes to compile). The preset's first model, 512
 # test_2016_flickr sentences 64 at a time, beam 4, 2-core AMD EPYC,
-# alternating passes, medians (8 against 16): float32 1.00x and 1.02x,
-# bfloat16 1.04x and 1.03x (510 of 512 translations the same, BLEU 39.97
-# against 39.95); one sentence at a time, 48 sentences, 0.99x both.
+# alternating passes, medians of three runs (8 against 16): float32 1.00x,
+# 1.02x, 1.03x; bfloat16 1.04x, 1.03x, 1.04x (510 of 512 translations the
+# same, BLEU 39.97 against 39.95); one sentence at a time, 0.99x both.
 EAGER_CACHE_CHUNK = 8
 
 # The same in the host search's segments (`_search_in_segments`) where they
