@@ -440,14 +440,11 @@ def _search_in_loop(model, sources, max_length_offset, settings, functions=None)
     `num_results` best finished hypotheses.
 
     The loop's self-attention cache first holds `FIRST_LOOP_POSITIONS`
-    positions more than the padded sources. Where some source was not
-    done when that one was full, the search goes on from the loop's last
-    state with the cache of every position the budgets allow
-    (`loop_cache_length`), as one segment of the host search
-    (`loop.search_segment`, after `loop.grown_state`); an ensemble's
-    loop runs again with that cache instead. Each step reorders the
-    whole cache and attends over it, and the budgets' cache was about
-    twice as long as the translations
+    positions more than the padded sources, and the loop runs again with
+    the cache of every position the budgets allow
+    (`loop_cache_length`) only where some source was not done when that
+    one was full. Each step reorders the whole cache and attends over it,
+    and the budgets' cache was about twice as long as the translations
     needed (test_2016_flickr: 76 positions on average against 36; no
     translation of the shipped preset's first model outgrew the shorter
     one in test_2016_flickr or test_2017_flickr). One sentence at a time
@@ -456,11 +453,7 @@ def _search_in_loop(model, sources, max_length_offset, settings, functions=None)
     and 1.15x as fast in two runs, TensorFlow 1.13x, with the same
     translations: the positions after a step's weigh exactly 0 in its
     attention, so a shorter cache changes at most the rounding of the
-    attention's sums over positions. Where outputs outgrew the first
-    cache, starting the loop again with the budgets' cache (as it did
-    before it went on instead) paid for those steps twice: eight made-up
-    sources of repeated words, two of which outgrew it, took 1.19x as
-    long as with the budgets' cache at once (JAX, float32).
+    attention's sums over positions.
     """
     limit = model.backbone.max_sequence_length
     encoder_ids, encoder_mask = pad_sources(sources, model.special_token_ids.pad, limit)
@@ -469,34 +462,17 @@ def _search_in_loop(model, sources, max_length_offset, settings, functions=None)
     first = max_length
     if FIRST_LOOP_POSITIONS:
         first = min(round_up(encoder_ids.shape[1] + FIRST_LOOP_POSITIONS, 8), max_length)
-    goes_on = first < max_length and not isinstance(model, Ensemble)
-    search = search_loop_function(
-        model, settings.beam_size, settings.num_results, settings.alpha, settings.kind, return_state=goes_on
-    )
-    found = search(encoder_ids, encoder_mask, budgets, np.zeros(first, "int32"))
-    if first < max_length and not bool(ops.convert_to_numpy(found[4])):
-        if goes_on:
-            found = _gone_on(model, settings, encoder_mask, budgets, *found[5:], max_length)
-        else:
-            found = search(encoder_ids, encoder_mask, budgets, np.zeros(max_length, "int32"))
-    token_ids, lengths, scores, log_probs = (ops.convert_to_numpy(x) for x in found[:4])
+    search = search_loop_function(model, settings.beam_size, settings.num_results, settings.alpha, settings.kind)
+    for length in dict.fromkeys((first, max_length)):  # (one search where they are equal)
+        *found, done = search(encoder_ids, encoder_mask, budgets, np.zeros(length, "int32"))
+        if bool(ops.convert_to_numpy(done)):
+            break
+    token_ids, lengths, scores, log_probs = (ops.convert_to_numpy(x) for x in found)
     return [
         [(float(scores[row, j]), float(log_probs[row, j]), token_ids[row, j, : lengths[row, j]].tolist())
          for j in range(settings.num_results) if np.isfinite(scores[row, j])]
         for row in range(len(sources))
     ]
-
-
-def _gone_on(model, settings, encoder_mask, budgets, state, cross, length):
-    """The one-loop search gone on from the loop's last `state` (and its
-    encoder-decoder attention caches `cross`) with a self-attention cache
-    of `length` positions, as one segment of the host search to the end:
-    the `num_results` best finished hypotheses, `(token_ids, lengths,
-    scores, log_probs)`, as the loop gives them."""
-    grown = search_state_functions(model, settings.beam_size)[2]
-    segment = search_segment_function(model, settings.beam_size, settings.num_results, settings.alpha, settings.kind)
-    state = segment(_grown(grown, state, length), encoder_mask, cross, budgets, np.asarray(0, "int32"))
-    return [x[:, : settings.num_results] for x in state[5]]
 
 
 def _check_arguments(beam_size, num_results, alpha, kind):

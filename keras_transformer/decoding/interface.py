@@ -102,23 +102,20 @@ class _CompiledLoops:
         self.by_settings = {}
 
 
-def search_loop_function(model, beam_size, num_results, alpha, kind, return_state=False):
+def search_loop_function(model, beam_size, num_results, alpha, kind):
     """`loop.search_loop` of `model` with these settings, compiled for the
     backend, made once per model and settings: `search(encoder_ids,
     encoder_mask, budgets, positions)` gives `(token_ids, lengths, scores,
-    log_probs, done)`, then the loop's last state and its encoder-decoder
-    attention caches with `return_state`;
-    `positions`, any int32 vector, has the length of the self-attention
-    cache (so that it is a shape, which compilers see)."""
+    log_probs, done)`; `positions`, any int32 vector, has the length of the
+    self-attention cache (so that it is a shape, which compilers see)."""
 
     def search(encoder_ids, encoder_mask, budgets, positions):
         return search_loop(
             model, encoder_ids, encoder_mask, budgets, ops.shape(positions)[0], beam_size, num_results,
-            float(alpha), kind, return_state=return_state,
+            float(alpha), kind,
         )
 
-    key = ("loop", beam_size, num_results, float(alpha), kind) + (("state",) if return_state else ())
-    return _compiled_once(model, key, search)
+    return _compiled_once(model, ("loop", beam_size, num_results, float(alpha), kind), search)
 
 
 def search_segment_function(model, beam_size, num_results, alpha, kind):

@@ -26,8 +26,7 @@ the stopping rule read only those); and scores are float32 (JAX computes
 in float32 unless told otherwise), not float64, which can only matter for
 hypotheses whose scores tie to 7 digits. `search_loop` also keeps every
 source in the batch until all are done, with a cache of a fixed length
-from the start (`beam._search_in_loop` tries a short one first, and
-goes on where it stopped in a segment with a longer one if that fills).
+from the start (`beam._search_in_loop` tries a short one first).
 
 On TensorFlow the segments hold self-attention caches that they never
 reorder (`layers.beam_cache`, `SEGMENT_BEAM_CACHES`) where the model's
@@ -54,8 +53,7 @@ from keras_transformer.layers.direct_calls import zero_padded
 
 
 def search_loop(
-    model, encoder_ids, encoder_mask, budgets, max_length, beam_size, num_results=1, alpha=0.6, kind="gnmt",
-    return_state=False,
+    model, encoder_ids, encoder_mask, budgets, max_length, beam_size, num_results=1, alpha=0.6, kind="gnmt"
 ):
     """Beam search of a batch of sources as one `keras.ops.while_loop`.
 
@@ -71,10 +69,6 @@ def search_loop(
             budget, every source is done by then.
         beam_size, num_results, alpha, kind: as `beam.beam_search`'s
             `beam_size`, `num_results`, `alpha` and `length_penalty`.
-        return_state: also return the loop's last state, as
-            `search_segment` takes it (after `grown_state`), and the
-            encoder-decoder attention caches, for a search that goes on
-            where this one stopped with a longer cache.
 
     Returns:
         `(token_ids, lengths, scores, log_probs, done)`, the `num_results`
@@ -84,8 +78,7 @@ def search_loop(
         and log-probabilities, float32; `done`, a boolean scalar, whether
         every source was done before the cache was full (else the
         hypotheses are not the search's result: `beam._search_in_loop`
-        goes on with a longer cache); with `return_state`, then the
-        state after them and the encoder-decoder attention caches.
+        searches again with a longer cache).
     """
     n = num_results
     batch = ops.shape(encoder_ids)[0]
@@ -101,8 +94,7 @@ def search_loop(
     with loop_output_columns(model):
         final = ops.while_loop(cond, body, state)
     token_ids, lengths, scores, log_probs = final[5]
-    found = (token_ids[:, :n], lengths[:, :n], scores[:, :n], log_probs[:, :n], ops.all(final[7]))
-    return found + (final, cross) if return_state else found
+    return token_ids[:, :n], lengths[:, :n], scores[:, :n], log_probs[:, :n], ops.all(final[7])
 
 
 def search_segment(model, state, encoder_mask, cross, budgets, min_live, beam_size, num_results=1, alpha=0.6,
