@@ -208,19 +208,21 @@ def test_killed_run_resumes_where_it_stopped_then_evaluates(tmp_path, multi30k_d
 
     capsys.readouterr()
     output = str(tmp_path / "hyp.de")
-    # Greedy, as the BLEU callback decoded: beam search is tested on its own.
-    cli.main(["evaluate", os.path.join(run, "model"), "--data-dir", multi30k_dir, "--limit", "16", "--output", output,
-              "--beam-size", "1"])
+    # Greedy, on the sentences the BLEU callback decoded (on JAX the same
+    # shapes: its compiled steps are read back, not compiled again); beam
+    # search is tested on its own.
+    cli.main(["evaluate", os.path.join(run, "model"), "--data-dir", multi30k_dir, "--split", "val",
+              "--limit", str(RUN["bleu_sentences"]), "--output", output, "--beam-size", "1"])
     printed = capsys.readouterr().out
-    assert "test_2016_flickr en-de, 16 sentences, greedy" in printed
+    assert f"val en-de, {RUN['bleu_sentences']} sentences, greedy" in printed
     assert "BLEU (lowercased)" in printed and "case:lc" in printed
     hypotheses = open(output, encoding="utf-8").read().splitlines()
-    assert len(hypotheses) == 16
+    assert len(hypotheses) == RUN["bleu_sentences"]
     # The printed scores are sacreBLEU's on the written translations and
-    # the split's first 16 references.
+    # the split's first references.
     from keras_transformer.datasets import multi30k
 
-    references = multi30k.load("test_2016_flickr", "en", "de", data_dir=multi30k_dir)[1][:16]
+    references = multi30k.load("val", "en", "de", data_dir=multi30k_dir)[1][: len(hypotheses)]
     for label, lowercase in (("BLEU ", False), ("BLEU (lowercased) ", True)):
         line = next(line for line in printed.splitlines() if line.startswith(label) and line[len(label)].isdigit())
         expected = sacrebleu.corpus_bleu(hypotheses, [references], lowercase=lowercase).score
