@@ -157,8 +157,8 @@ def test_saved_model_compiled_by_xla_translates_as_the_graph_does(exported, serv
 # (Once: through the TensorFlow subprocess, with the flags it is given. In
 # graph mode only: XLA's compilation of the search is
 # `test_saved_model_compiled_by_xla_translates_as_the_graph_does`'s, and
-# of an ensemble's, test_ensemble.py's on TensorFlow; the two together,
-# compiled for five models, took three minutes.)
+# of an ensemble's, test_ensemble.py's on TensorFlow; this test compiled by
+# XLA, for five models, took three minutes.)
 @pytest.mark.skipif(keras.config.backend() != "torch", reason="runs in PyTorch's run, through the export's subprocess")
 def test_saved_model_of_an_ensemble_decodes_all_its_models(texts, tmp_path):
     path = str(tmp_path / "en-de-ensemble")
