@@ -179,6 +179,38 @@ def test_saved_model_of_an_ensemble_decodes_all_its_models(texts, tmp_path):
     assert served["no_texts"] == {"token_ids": [0, 0], "lengths": [0], "scores": [0]}
 
 
+# (Once, as the test above. Two tiny untrained models and three texts, not
+# the preset's five models and seven texts: the combination of an ensemble
+# and XLA is what this test adds, and each layer and each shape of sources
+# adds to the export's tracing and XLA's compilations.)
+@pytest.mark.skipif(keras.config.backend() != "torch", reason="runs in PyTorch's run, through the export's subprocess")
+def test_saved_model_of_an_ensemble_compiled_by_xla_decodes_both_models(small_tokenizer, texts, tmp_path):
+    from keras_transformer.models import TransformerBackbone
+    from keras_transformer.models import TransformerSeq2SeqLMPreprocessor
+
+    def tiny(seed):
+        keras.utils.set_random_seed(seed)
+        backbone = TransformerBackbone(small_tokenizer.vocabulary_size(), num_layers=1, d_model=32, d_ff=64,
+                                       num_heads=2, max_sequence_length=64)
+        return TransformerSeq2SeqLM(backbone, TransformerSeq2SeqLMPreprocessor(small_tokenizer, 32, 32))
+
+    model = tiny(1)
+    model.set_ensemble_members([tiny(2)])
+    path = str(tmp_path / "two-xla")
+    export_saved_model(model, path, beam_size=3, alpha=0.6, max_length_offset=8, ensemble=True, jit_compile=True)
+    assert _xla_compiled_functions(path)
+    chosen = texts[:2] + texts[12:13]  # a blank text last
+    served = load_elsewhere(path, chosen)
+    settings = dict(beam_size=3, alpha=0.6, max_length_offset=8)
+    expected = [best for best, *_ in model.generate(chosen, return_scores=True, **settings)]
+    # (The first model alone translates these otherwise.)
+    assert model.generate(chosen, ensemble=[], **settings) != [text for text, _ in expected]
+    assert served["translations"] == [text for text, _ in expected]
+    np.testing.assert_allclose(served["scores"], [score for _, score in expected], atol=1e-4)
+    assert served["lengths"][2] == 0
+    assert served["no_texts"] == {"token_ids": [0, 0], "lengths": [0], "scores": [0]}
+
+
 def test_blank_in_the_saved_model_is_blank_in_python():
     import tensorflow as tf
 
