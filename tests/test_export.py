@@ -197,11 +197,11 @@ def test_saved_model_of_an_ensemble_compiled_by_xla_decodes_both_models(small_to
     model = tiny(1)
     model.set_ensemble_members([tiny(2)])
     path = str(tmp_path / "two-xla")
-    export_saved_model(model, path, beam_size=3, alpha=0.6, max_length_offset=8, ensemble=True, jit_compile=True)
+    settings = dict(beam_size=3, alpha=0.6, max_length_offset=8)
+    export_saved_model(model, path, ensemble=True, jit_compile=True, **settings)
     assert _xla_compiled_functions(path)
     chosen = texts[:2] + texts[12:13]  # a blank text last
     served = load_elsewhere(path, chosen)
-    settings = dict(beam_size=3, alpha=0.6, max_length_offset=8)
     expected = [best for best, *_ in model.generate(chosen, return_scores=True, **settings)]
     # (The first model alone translates these otherwise.)
     assert model.generate(chosen, ensemble=[], **settings) != [text for text, _ in expected]
