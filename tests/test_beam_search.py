@@ -416,13 +416,14 @@ def test_a_few_sentences_at_a_time_run_in_one_loop_where_the_backend_compiles_it
 
     model = tiny_model(seed=5)
     sources = [[START, 4, 5, END]]
-    beam_search(model, sources)
+    # (The budget does not choose the way: a short one, few steps.)
+    beam_search(model, sources, max_length_offset=4)
     compiled_loops = getattr(getattr(model, "_decoding_loops", None), "by_settings", None)
     if keras.config.backend() in ("jax", "tensorflow"):
         assert compiled_loops and getattr(model, "_decoding_functions", None) is None
     else:
         assert not compiled_loops and getattr(model, "_decoding_functions", None) is not None
-    beam_search(model, sources * (loop_batch_size(model) + 1))  # a larger batch: the host search
+    beam_search(model, sources * (loop_batch_size(model) + 1), max_length_offset=4)  # a larger batch: the host search
     assert getattr(model, "_decoding_functions", None) is not None
 
 
