@@ -2,6 +2,7 @@
 bfloat16 computation, through `quantize`, `from_preset(dtype=...)` and the
 command line's --quantize and --dtype."""
 
+import gc
 import types
 
 import keras
@@ -225,8 +226,13 @@ def test_compiled_int8_projections_are_keras_int8_products(dtype, monkeypatch):
     kernel = rng.normal(size=(EXACT_INT8_INPUTS, 6))
     kernel[:, 0] = 3.0 * signs  # (quantized to +-127, the column's largest)
     wide.kernel.assign(kernel)
-    for layer in layers:
-        layer.quantize("int8")
+    # (Keras collects garbage after each variable that quantization
+    # replaces: 5 s of full collections in a test process holding
+    # TensorFlow and a backend, for nothing that this test checks.)
+    with monkeypatch.context() as patched:
+        patched.setattr(gc, "collect", lambda *args, **kwargs: 0)
+        for layer in layers:
+            layer.quantize("int8")
     x = keras.ops.cast(rng.normal(size=(2, 5, 8)), dtype)
     extreme = keras.ops.cast(np.broadcast_to(2.0 * signs, (2, 5, EXACT_INT8_INPUTS)), dtype)
 
