@@ -2,7 +2,6 @@
 bfloat16 computation, through `quantize`, `from_preset(dtype=...)` and the
 command line's --quantize and --dtype."""
 
-import gc
 import types
 
 import keras
@@ -209,6 +208,7 @@ def test_compiled_int8_projections_are_keras_int8_products(dtype, monkeypatch):
     from keras_transformer.layers.bfloat16_products import int8_product_in_float32
     from keras_transformer.layers.direct_calls import Dense
     from keras_transformer.layers.direct_calls import EinsumDense
+    from keras_transformer.models.transformer.seq2seq_lm import _one_garbage_collection
 
     keras.utils.set_random_seed(4)
     rng = np.random.default_rng(0)
@@ -226,11 +226,11 @@ def test_compiled_int8_projections_are_keras_int8_products(dtype, monkeypatch):
     kernel = rng.normal(size=(EXACT_INT8_INPUTS, 6))
     kernel[:, 0] = 3.0 * signs  # (quantized to +-127, the column's largest)
     wide.kernel.assign(kernel)
-    # (Keras collects garbage after each variable that quantization
-    # replaces: 5 s of full collections in a test process holding
-    # TensorFlow and a backend, for nothing that this test checks.)
-    with monkeypatch.context() as patched:
-        patched.setattr(gc, "collect", lambda *args, **kwargs: 0)
+    # (One garbage collection for all, as `TransformerSeq2SeqLM.quantize`
+    # does: Keras collects after each variable that quantization replaces,
+    # 5 s of full collections in a test process holding TensorFlow and a
+    # backend.)
+    with _one_garbage_collection():
         for layer in layers:
             layer.quantize("int8")
     x = keras.ops.cast(rng.normal(size=(2, 5, 8)), dtype)
