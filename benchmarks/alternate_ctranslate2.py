@@ -7,20 +7,23 @@ in a process of its own.
 `decode.py --ctranslate2` times each engine once, one after another, and
 CTranslate2 again after each backend; on a shared host the machine's speed
 drifts within minutes, and the same code's ratios moved by a tenth between
-runs. Here CTranslate2 (float32, with each thread count asked for; by
-default one thread a core) and this package (each backend and dtype asked
+runs. Here CTranslate2 (each of its weights asked for, float32 by default,
+with each thread count asked for; by default one thread a core) and this
+package (each backend and dtype asked
 for) load once, each in a process of its own, warm
 up with a pass, and then take passes in turn, the order reversed at every
 other round, so that a slow spell of the host falls on all of them alike.
 Each pass translates the same test_2016_flickr sentences from text to text
 (the preset's tokenizer for both, as in `decode.py --ctranslate2`), 64 at
 a time, with beam 4 and log P / |Y|^0.6, at most source length + 50
-tokens. The table gives each engine's median time, and CTranslate2's time
-(its fastest thread count's in that round) over the engine's in each round
+tokens. The table gives each engine's median time, and CTranslate2's float32
+time (its fastest thread count's in that round) over the engine's in each round
 (above 1: faster than CTranslate2) with their median; BLEU is sacreBLEU's
 cased score of the engine's last pass. One sentence at a time
 (`--batch-size 1`) CTranslate2 ran fastest on one thread in
-`decode.py --ctranslate2`: pass `--ctranslate2-threads 1,2`.
+`decode.py --ctranslate2`: pass `--ctranslate2-threads 1,2`. With
+`--ctranslate2-dtypes float32,int8` CTranslate2's int8 weights take their
+passes too (their ratio, as every engine's, is to CTranslate2's float32).
 """
 
 import argparse
@@ -47,12 +50,14 @@ def worker(args):
     last pass's BLEU as JSON."""
     import sacrebleu
 
-    engine, _, dtype = args.engine.partition(":")  # (CTranslate2's: its thread count)
+    engine, _, dtype = args.engine.partition(":")  # (CTranslate2's: its thread count and weights)
     model, sources, references = _sources(args.preset, args.data_dir, args.sentences)
     if engine == "ctranslate2":
         import ctranslate2
 
-        translator = ctranslate2.Translator(args.directory, device="cpu", intra_threads=int(dtype))
+        threads, _, weights = dtype.partition(":")
+        translator = ctranslate2.Translator(os.path.join(args.directory, f"ct2-{weights}"), device="cpu",
+                                            intra_threads=int(threads))
         tokenizer = model.preprocessor.tokenizer
 
         def translate(texts):
@@ -100,6 +105,8 @@ def main():
     parser.add_argument("--dtypes", default="float32,bfloat16", help="this package's: float32, bfloat16, int8")
     parser.add_argument("--ctranslate2-threads", default=str(os.cpu_count() or 1),
                         help="CTranslate2's thread counts, each an engine (default: the cores)")
+    parser.add_argument("--ctranslate2-dtypes", default="float32",
+                        help="CTranslate2's weights, each an engine: float32 (always), int8")
     parser.add_argument("--engine", help=argparse.SUPPRESS)
     parser.add_argument("--directory", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -121,9 +128,15 @@ def main():
         print("converting for CTranslate2 ...", file=sys.stderr, flush=True)
         from anchor_ctranslate2 import convert
 
-        directory = convert(args.preset, root)["float32"]
-        engines = {f"CTranslate2 float32 ({threads} thread{'s' * (threads != '1')})": (f"ctranslate2:{threads}", "jax")
-                   for threads in args.ctranslate2_threads.split(",")}
+        converted = convert(args.preset, root)  # root/ct2-float32, root/ct2-int8, ...
+        directory = root
+        peer_dtypes = ["float32"] + [d for d in args.ctranslate2_dtypes.split(",") if d != "float32"]
+        unknown = sorted(set(peer_dtypes) - set(converted))
+        if unknown:
+            sys.exit(f"CTranslate2 has no {unknown} weights here; this processor's: {sorted(converted)}.")
+        engines = {f"CTranslate2 {weights} ({threads} thread{'s' * (threads != '1')})":
+                   (f"ctranslate2:{threads}:{weights}", "jax")
+                   for weights in peer_dtypes for threads in args.ctranslate2_threads.split(",")}
         for backend in args.backends.split(","):
             for dtype in args.dtypes.split(","):
                 engines[f"keras_transformer ({backend}) {dtype}"] = (f"{backend}:{dtype}", backend)
@@ -150,8 +163,8 @@ def main():
             process.stdin.close()
             bleu[name] = json.loads(process.stdout.readline())["bleu"]
             process.wait()
-    # CTranslate2's fastest thread count in each round.
-    peer = [min(round_) for round_ in zip(*(t for name, t in times.items() if name.startswith("CTranslate2")))]
+    # CTranslate2 float32's fastest thread count in each round.
+    peer = [min(round_) for round_ in zip(*(t for name, t in times.items() if name.startswith("CTranslate2 float32")))]
     print("| engine | median time (s) | sentences/s | CT2 fp32 time / time, each round | median | BLEU |")
     print("| --- | ---: | ---: | --- | ---: | ---: |")
     for name, seconds in times.items():

@@ -889,6 +889,40 @@ def test_int8_products_of_a_few_rows_in_float32_are_the_integer_products(dtype):
     np.testing.assert_array_equal(in_float.float().numpy(), exact.float().numpy())
 
 
+@pytest.mark.skipif(keras.config.backend() != "torch", reason="the int8 products of direct calls are PyTorch's")
+@pytest.mark.parametrize("inputs", [1040, 2100])
+def test_int8_products_without_int8_instructions_are_the_integer_products(inputs, monkeypatch):
+    """On a processor without int8 dot-product instructions, Keras' int8
+    product is float32 products of the quantized values
+    (`integer_product_in_float32`): the exact integer product, as
+    `torch._int_mm` computes it, bit for bit, where every partial sum is
+    largest (inputs and kernel at +-127), also beyond the 1,040 inputs
+    that one float32 product sums exactly (2,100: three products added
+    as int32)."""
+    import torch
+
+    from keras_transformer.layers import direct_calls as module
+
+    generator = torch.Generator().manual_seed(0)
+    signs = torch.randint(0, 2, (inputs,), generator=generator) * 2 - 1
+    kernel = torch.randint(-127, 128, (inputs, 40), generator=generator).to(torch.int8)
+    kernel[:, 0] = (127 * signs).to(torch.int8)
+    quantized = torch.randint(-127, 128, (20, inputs), generator=generator).float()
+    quantized[0] = 127 * signs  # row 0 by column 0: inputs x 127**2
+    exact = torch._int_mm(quantized.to(torch.int8), kernel)
+    found = module.integer_product_in_float32(quantized, kernel)
+    assert int(exact[0, 0]) == inputs * 127**2
+    np.testing.assert_array_equal(found.to(torch.int64).numpy(), exact.numpy())
+    # `int8_product` takes either way by the processor's instructions, with the same results.
+    quantizer = keras.quantizers.AbsMaxQuantizer(axis=-1)
+    x, scale = torch.randn(2, 10, inputs, generator=generator), torch.rand(40, generator=generator) + 0.5
+    results = {}
+    for int8_instructions in (True, False):
+        monkeypatch.setattr(module, "_int8_dot_products", lambda: int8_instructions)
+        results[int8_instructions] = module.int8_product(quantizer, x, 1, kernel, scale, x.dtype)
+    np.testing.assert_array_equal(results[False].numpy(), results[True].numpy())
+
+
 @pytest.mark.parametrize("rate", [0.1, 0.3])
 def test_dropout_drops_at_its_rate_and_keeps_the_expectation(rate):
     """The package's `Dropout` (on PyTorch's CPU, its own mask from 16

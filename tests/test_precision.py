@@ -191,11 +191,13 @@ def test_compiled_bfloat16_projections_multiply_into_float32_on_xla():
 
 
 @pytest.mark.skipif(keras.config.backend() == "torch", reason="XLA's compiled decoding (PyTorch's: test_direct_calls.py)")
+@pytest.mark.parametrize("bfloat16_instructions", [True, False])
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-def test_compiled_int8_projections_are_keras_int8_products(dtype, monkeypatch):
+def test_compiled_int8_projections_are_keras_int8_products(dtype, bfloat16_instructions, monkeypatch):
     """In functions compiled for decoding on a CPU, the int8 layers
     (`quantize("int8")`) multiply their quantized inputs by their int8
-    kernels as a bfloat16 product into float32
+    kernels as a bfloat16 product into float32 on a processor with
+    bfloat16 instructions and as a float32 product without
     (`bfloat16_products.int8_product_in_float32`), and give Keras' own int8
     results bit for bit: the same function compiled with Keras' int8
     product (XLA's int8 product into int32) gives the same outputs. Among
@@ -209,6 +211,7 @@ def test_compiled_int8_projections_are_keras_int8_products(dtype, monkeypatch):
     from keras_transformer.layers.direct_calls import Dense
     from keras_transformer.layers.direct_calls import EinsumDense
     from keras_transformer.models.transformer.seq2seq_lm import _one_garbage_collection
+    from keras_transformer.utils import processor
 
     keras.utils.set_random_seed(4)
     rng = np.random.default_rng(0)
@@ -249,6 +252,7 @@ def test_compiled_int8_projections_are_keras_int8_products(dtype, monkeypatch):
         return int8_product_in_float32(quantized, kernel, *args, **kwargs)
 
     model = types.SimpleNamespace(variables=[v for layer in layers for v in layer.variables])
+    monkeypatch.setattr(processor, "has_bfloat16_products", lambda: bfloat16_instructions)
     monkeypatch.setattr(direct_calls, "int8_product_in_float32", counted)
     monkeypatch.setattr(embedding_module, "int8_product_in_float32", counted)
     outputs = [to_numpy(keras.ops.cast(y, "float32")) for y in compile_for_inference(model, function)(x, extreme)]
