@@ -25,7 +25,6 @@ timings around it (see `compare`).
 
 import json
 import os
-import platform
 import subprocess
 import sys
 import tempfile
@@ -179,19 +178,12 @@ def _best_of_threads(timings):
 
 
 def processor():
-    """The CPU as `lscpu` names it, its core count, whether it has AMX, and
-    whether it has the bfloat16 and int8 dot-product instructions by which
-    the layers choose their products (`keras_transformer.utils.processor`)."""
+    """The CPU's model name, its core count, and whether it has AMX and the
+    bfloat16 and int8 dot-product instructions by which the layers choose
+    their products (`keras_transformer.utils.processor.describe`)."""
     from keras_transformer.utils import processor as instructions
 
-    try:
-        text = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
-    except OSError:
-        return platform.processor() or "unknown"
-    name = next((line.split(":", 1)[1].strip() for line in text.splitlines() if line.startswith("Model name")), "?")
-    return (f"{name}, {os.cpu_count()} cores, AMX: {'yes' if 'amx' in text else 'no'}, "
-            f"bfloat16 products: {'yes' if instructions.has_bfloat16_products() else 'no'}, "
-            f"int8 dot products: {'yes' if instructions.has_int8_dot_products() else 'no'}")
+    return instructions.describe()
 
 
 def backend_worker(script, backend, arguments):

@@ -44,7 +44,6 @@ where TensorFlow is (`--write-token-ids PAIRS.npz`), then time there with
 import argparse
 import json
 import os
-import platform
 import subprocess
 import sys
 import time
@@ -93,18 +92,12 @@ def gpu():
 
 
 def processor():
-    """The CPU's model name and whether it has AMX (bfloat16 tiles)."""
-    name, flags = platform.processor() or platform.machine(), ""
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name") and name in (platform.processor(), platform.machine()):
-                    name = line.split(":", 1)[1].strip()
-                if line.startswith("flags"):
-                    flags = line
-    except OSError:
-        pass
-    return f"{name}, {os.cpu_count()} cores, {'AMX' if 'amx_bf16' in flags else 'no AMX'}"
+    """The CPU's model name, its core count, and whether it has AMX and the
+    bfloat16 and int8 dot-product instructions
+    (`keras_transformer.utils.processor.describe`)."""
+    from keras_transformer.utils import processor as instructions
+
+    return instructions.describe()
 
 
 def step_flops(batch_size, source_length, target_length, config=CONFIG):

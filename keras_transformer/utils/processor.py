@@ -15,9 +15,17 @@ Example:
 >>> from keras_transformer.utils import processor
 >>> isinstance(processor.has_bfloat16_products(), bool)
 True
+>>> "int8 dot products: " in processor.describe()  # the line benchmarks print
+True
 """
 
 import functools
+import os
+import platform
+
+# Linux's description of the processors, one block of "field : value"
+# lines for each.
+CPUINFO = "/proc/cpuinfo"
 
 
 @functools.lru_cache(maxsize=1)
@@ -31,6 +39,30 @@ def vendor():
 def flags():
     """The processor's feature flags, a frozenset; empty where unknown."""
     return frozenset(_cpu_info("flags").split())
+
+
+@functools.lru_cache(maxsize=1)
+def model_name():
+    """The processor's model name as `lscpu` gives it ("AMD EPYC",
+    "Intel(R) Xeon(R) Platinum 8488C"), else Python's `platform` name of
+    it, else "unknown"."""
+    return _cpu_info("model name") or platform.processor() or platform.machine() or "unknown"
+
+
+def has_amx():
+    """Whether the processor has Intel's matrix units (AMX tiles)."""
+    return bool(flags() & {"amx_tile", "amx_bf16", "amx_int8"})
+
+
+def describe():
+    """One line for a benchmark's table: the model name, the core count and
+    the instructions by which the layers choose their products, e.g. "AMD
+    EPYC, 2 cores, AMX: no, bfloat16 products: yes, int8 dot products:
+    yes"."""
+    answer = {True: "yes", False: "no"}
+    return (f"{model_name()}, {os.cpu_count()} cores, AMX: {answer[has_amx()]}, "
+            f"bfloat16 products: {answer[has_bfloat16_products()]}, "
+            f"int8 dot products: {answer[has_int8_dot_products()]}")
 
 
 def has_int8_dot_products():
@@ -47,10 +79,10 @@ def has_bfloat16_products():
 
 
 def _cpu_info(field):
-    """The first processor's `field` in `/proc/cpuinfo`, or "" where
-    unknown (no such file: not Linux, or not x86)."""
+    """The first processor's `field` in `CPUINFO`, or "" where unknown (no
+    such file: not Linux; no such field: not x86)."""
     try:
-        with open("/proc/cpuinfo") as file:
+        with open(CPUINFO) as file:
             for line in file:
                 if line.split(":", 1)[0].strip() == field:
                     return line.split(":", 1)[1].strip()
