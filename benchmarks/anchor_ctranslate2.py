@@ -30,6 +30,11 @@ import sys
 import tempfile
 import time
 
+# The processor line every benchmark prints: its model name, cores, and the
+# instructions by which the layers choose their products. (No framework
+# imported: the backend stays each worker's to choose.)
+from keras_transformer.utils.processor import describe as processor  # noqa: E402,F401
+
 ALPHA, BEAM, OFFSET = 0.6, 4, 50
 DTYPES = ("float32", "int8")
 # CTranslate2's `intra_threads`: one, and one a core; each column of its
@@ -175,15 +180,6 @@ def _best_of_threads(timings):
     best1 = max(timings, key=lambda t: t["batch1"])
     best64 = max(timings, key=lambda t: t["batch64"])
     return {**best64, "batch1": best1["batch1"], "threads": f"{best1['threads']} / {best64['threads']}"}
-
-
-def processor():
-    """The CPU's model name, its core count, and whether it has AMX and the
-    bfloat16 and int8 dot-product instructions by which the layers choose
-    their products (`keras_transformer.utils.processor.describe`)."""
-    from keras_transformer.utils import processor as instructions
-
-    return instructions.describe()
 
 
 def backend_worker(script, backend, arguments):

@@ -50,6 +50,11 @@ import time
 
 import numpy as np
 
+# The processor line every benchmark prints: its model name, cores, and the
+# instructions by which the layers choose their products. (No framework
+# imported: the backend stays each worker's to choose.)
+from keras_transformer.utils.processor import describe as processor  # noqa: E402,F401
+
 MODELS = {
     "small": dict(num_layers=3, d_model=256, d_ff=1024, num_heads=4, vocabulary_size=8000),
     "base": dict(num_layers=6, d_model=512, d_ff=2048, num_heads=8, vocabulary_size=8000),
@@ -89,15 +94,6 @@ def gpu():
     except ImportError:
         return None
     return torch.cuda.get_device_name() if torch.cuda.is_available() else None
-
-
-def processor():
-    """The CPU's model name, its core count, and whether it has AMX and the
-    bfloat16 and int8 dot-product instructions
-    (`keras_transformer.utils.processor.describe`)."""
-    from keras_transformer.utils import processor as instructions
-
-    return instructions.describe()
 
 
 def step_flops(batch_size, source_length, target_length, config=CONFIG):

@@ -4,35 +4,35 @@ from keras_transformer.utils import processor
 from tests.helpers import once
 
 # Two processors' blocks as Linux lists them, shortened: the first one's
-# fields are the answers.
+# flags are the answers.
 CPUINFO = """processor\t: 0
-vendor_id\t: {vendor}
+vendor_id\t: AuthenticAMD
 cpu family\t: 26
-model name\t: {name}
+model name\t: AMD EPYC
 flags\t\t: fpu sse2 avx2 fma {flags}
 
 processor\t: 1
-vendor_id\t: {vendor}
-model name\t: {name}
+vendor_id\t: AuthenticAMD
+model name\t: AMD EPYC
 flags\t\t: fpu sse2
 """
 
 
 @pytest.fixture
-def cpuinfo(tmp_path, monkeypatch):
-    """Writes a `/proc/cpuinfo` of the given fields and points the module
-    at it, its cached answers cleared before and after."""
+def read_from(monkeypatch):
+    """Points the module at another `/proc/cpuinfo`, its cached answers
+    cleared then and after the test."""
 
-    def write(vendor="AuthenticAMD", name="AMD EPYC", flags=""):
-        path = tmp_path / "cpuinfo"
-        path.write_text(CPUINFO.format(vendor=vendor, name=name, flags=flags))
-        monkeypatch.setattr(processor, "CPUINFO", str(path))
+    def clear():
         for cached in (processor.vendor, processor.flags, processor.model_name):
             cached.cache_clear()
 
-    yield write
-    for cached in (processor.vendor, processor.flags, processor.model_name):
-        cached.cache_clear()
+    def point_at(path):
+        monkeypatch.setattr(processor, "CPUINFO", str(path))
+        clear()
+
+    yield point_at
+    clear()
 
 
 @once
@@ -46,8 +46,9 @@ def cpuinfo(tmp_path, monkeypatch):
         ("avx512_vnni amx_tile amx_bf16 amx_int8", True, True, True),  # Intel's Sapphire Rapids
     ],
 )
-def test_instructions_are_read_from_the_first_processors_flags(cpuinfo, flags, amx, bfloat16, int8):
-    cpuinfo(flags=flags)
+def test_instructions_are_read_from_the_first_processors_flags(read_from, tmp_path, flags, amx, bfloat16, int8):
+    (tmp_path / "cpuinfo").write_text(CPUINFO.format(flags=flags))
+    read_from(tmp_path / "cpuinfo")
     assert (processor.has_amx(), processor.has_bfloat16_products(), processor.has_int8_dot_products()) == (
         amx, bfloat16, int8)
     assert processor.vendor() == "AuthenticAMD"
@@ -57,11 +58,8 @@ def test_instructions_are_read_from_the_first_processors_flags(cpuinfo, flags, a
 
 
 @once
-def test_no_cpuinfo_means_no_instructions(tmp_path, monkeypatch, cpuinfo):
-    cpuinfo()  # (clears the cached answers)
-    monkeypatch.setattr(processor, "CPUINFO", str(tmp_path / "missing"))
-    for cached in (processor.vendor, processor.flags, processor.model_name):
-        cached.cache_clear()
+def test_no_cpuinfo_means_no_instructions(read_from, tmp_path):
+    read_from(tmp_path / "missing")
     assert processor.vendor() == "" and processor.flags() == frozenset()
     assert not processor.has_int8_dot_products() and not processor.has_bfloat16_products()
     assert processor.model_name()  # Python's name for it, or "unknown"
