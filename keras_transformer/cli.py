@@ -80,11 +80,17 @@ def _decode_lines(data, name):
     return _lines(text)
 
 
-def _check_output_path(path):
+def _check_output_path(path, reads=None):
     """Fails before any work if `path` cannot be written, so that a long
-    run is not lost at the end (the file itself is written only then)."""
+    run is not lost at the end (the file itself is written only then), or
+    if it is the file `reads`, whose lines it would replace."""
     if path is None:
         return
+    if reads is not None and os.path.exists(path) and os.path.samefile(path, reads):
+        raise SystemExit(
+            f"error: --output {path} is the --input file: its sentences would be replaced by their "
+            "translations. Write to another file."
+        )
     directory = os.path.dirname(os.path.abspath(path))
     if not os.path.isdir(directory):
         raise FileNotFoundError(f"Cannot write {path!r}: the directory {directory!r} does not exist.")
@@ -319,7 +325,7 @@ def _translate(args):
         if sys.stdin.isatty():
             print("Type sentences, one a line; end with Ctrl-D.", file=sys.stderr)
         texts = _decode_lines(sys.stdin.buffer.read(), "standard input")
-    _check_output_path(args.output)
+    _check_output_path(args.output, reads=args.input)
     _leave_out_tensorflow([args.preset, *args.ensemble])
     model, decoding = _load_translator(args.preset, args)
     # The progress bar goes to stderr, so that stdout holds translations only.

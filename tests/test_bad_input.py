@@ -193,6 +193,188 @@ def test_crafted_presets_are_refused_with_the_file(preset):
         TransformerTokenizer.from_preset(directory)
 
 
+@once
+def test_a_save_replaces_no_files_of_the_users(preset, tmp_path, monkeypatch):
+    """A directory with files named as a preset's (its own config.json, an
+    assets/ folder) but no preset is not saved into; a preset is."""
+    from helpers import directory_contents
+
+    model, directory = preset
+    project = tmp_path / "project"
+    (project / "assets" / "img").mkdir(parents=True)
+    (project / "assets" / "img" / "logo.png").write_bytes(b"png")
+    (project / "config.json").write_text('{"app": 1}')
+    (project / "notes.md").write_text("notes")
+    before = directory_contents(project)
+    with pytest.raises(PresetError, match=r"holds assets, config.json, which a save would replace, but no preset"):
+        model.save_to_preset(project)
+    assert directory_contents(project) == before
+    for nowhere in ("", None):
+        with pytest.raises(PresetError, match="give the path of a directory"):
+            model.save_to_preset(nowhere)
+    model.save_to_preset(directory)  # an earlier save's preset: replaced
+    # "~" is the home directory, as in a shell.
+    monkeypatch.setenv("HOME", str(tmp_path))
+    model.save_to_preset("~/home-preset")
+    assert os.path.isfile(tmp_path / "home-preset" / "config.json")
+    assert TransformerBackbone.from_preset("~/home-preset").count_params() == model.backbone.count_params()
+
+
+@once
+def test_export_marian_overwrites_an_earlier_export_only(preset, tmp_path):
+    pytest.importorskip("safetensors")
+    from helpers import directory_contents
+
+    from keras_transformer.convert import export_marian
+
+    model, _ = preset
+    project = tmp_path / "project"
+    project.mkdir()
+    (project / "config.json").write_text('{"app": 1}')
+    before = directory_contents(project)
+    with pytest.raises(FileExistsError, match="holds no Marian model"):
+        export_marian(model, project, overwrite=True)
+    assert directory_contents(project) == before
+    export_marian(model, tmp_path / "marian")
+    export_marian(model, tmp_path / "marian", overwrite=True)
+    assert json.loads((tmp_path / "marian" / "config.json").read_text())["model_type"] == "marian"
+
+
+@once
+def test_translate_refuses_to_write_over_its_input(preset, tmp_path):
+    _, directory = preset
+    sources = tmp_path / "captions.en"
+    sources.write_text("A dog runs.\n")
+    with pytest.raises(SystemExit, match="is the --input file: its sentences would be replaced"):
+        cli.main(["translate", "--preset", directory, "-i", str(sources), "-o", str(sources)])
+    assert sources.read_text() == "A dog runs.\n"
+
+
+@once
+def test_generate_checks_its_counts_token_ids_and_ensemble(preset):
+    import numpy as np
+
+    model, _ = preset
+    for name, value in (("beam_size", 2.5), ("beam_size", "4"), ("beam_size", True), ("batch_size", 1.5),
+                        ("max_length_offset", 2.5), ("max_length_offset", None)):
+        with pytest.raises(TypeError, match=f"{name} must be an integer, got {value!r}"):
+            model.generate(TEXTS, **{name: value})
+    with pytest.raises(ValueError, match="beam_size must be at least 1, got 0"):
+        model.generate(TEXTS, beam_size=0)
+    vocabulary_size = model.backbone.vocabulary_size
+
+    def ids(token_ids, mask=None):
+        token_ids = np.asarray(token_ids)
+        return {"encoder_token_ids": token_ids,
+                "encoder_padding_mask": np.ones(token_ids.shape, bool) if mask is None else np.asarray(mask)}
+
+    for inputs, error, message in (
+        (ids([5, 6, 7]), ValueError, r"shape \(batch, length\), got \(3,\); for one source, add a batch axis"),
+        (ids([[5.0, 6.5]]), TypeError, "encoder_token_ids must hold integers, got float64"),
+        (ids([[5, vocabulary_size]]), ValueError, rf"holds {vocabulary_size}, outside the vocabulary \[0, {vocabulary_size}\)"),
+        (ids([[5, -1]]), ValueError, "holds -1, outside the vocabulary"),
+        (ids([[5, 6, 7]], [[1, 1]]), ValueError, r"encoder_padding_mask has the shape \(1, 2\), encoder_token_ids \(1, 3\)"),
+    ):
+        with pytest.raises(error, match=message):
+            model.generate(inputs)
+    # An id outside the vocabulary under the padding mask is padding.
+    assert model.generate(ids([[5, 6, vocabulary_size]], [[1, 1, 0]]), sampler="greedy") == model.generate(
+        ids([[5, 6]]), sampler="greedy")
+    for ensemble, message in (("abc", "ensemble must be a list of TransformerSeq2SeqLM models, got str"),
+                              ([model.backbone], r"ensemble\[0\] is a TransformerBackbone, not a TransformerSeq2SeqLM")):
+        with pytest.raises(TypeError, match=message):
+            model.generate(TEXTS, ensemble=ensemble)
+
+
+@once
+def test_an_ensemble_of_models_of_other_languages_is_refused(preset, tmp_path):
+    model, _ = preset
+    for source, target in (("en", "de"), ("de", "en")):
+        model.save_to_preset(tmp_path / f"{source}-{target}", metadata={"languages": {"source": source, "target": target}})
+    en_de, de_en = (TransformerSeq2SeqLM.from_preset(tmp_path / pair) for pair in ("en-de", "de-en"))
+    with pytest.raises(ValueError, match="Ensemble model 1 translates en-de, model 0 de-en: .* the same languages"):
+        de_en.generate(TEXTS, ensemble=[en_de])
+    with pytest.raises(ValueError, match="the same languages"):
+        de_en.set_ensemble_members([en_de])
+    assert not de_en.ensemble_members
+    de_en.set_ensemble_members([TransformerSeq2SeqLM.from_preset(tmp_path / "de-en"), model])  # languages unknown: kept
+
+
+@once
+def test_from_preset_refuses_unknown_keywords_and_dtypes(preset):
+    _, directory = preset
+    with pytest.raises(TypeError, match="unexpected keyword argument 'load_ensembl' \\(did you mean 'load_ensemble'\\?\\)"):
+        TransformerSeq2SeqLM.from_preset(directory, load_ensembl=False)
+    with pytest.raises(TypeError, match="unexpected keyword argument 'dropuot' \\(did you mean 'dropout'\\?\\)"):
+        TransformerBackbone.from_preset(directory, dropuot=0.2)
+    assert TransformerBackbone.from_preset(directory, dropout=0.2).dropout == 0.2
+    for dtype in ("float17", "int8", "int8_from_float32"):
+        with pytest.raises(ValueError, match=f"dtype={dtype!r} is not a dtype to load a model in"):
+            TransformerSeq2SeqLM.from_preset(directory, dtype=dtype)
+
+
+@once
+def test_an_incomplete_int8_or_ensemble_preset_names_its_missing_file(preset, tmp_path):
+    model, _ = preset
+    model.set_ensemble_members([model])
+    model.save_to_preset(tmp_path / "int8", weights_storage="int8")
+    model.set_ensemble_members([])
+    complete = tmp_path / "complete"
+    shutil.copytree(tmp_path / "int8", complete)
+
+    def broken(name, change):
+        directory = tmp_path / name
+        shutil.copytree(complete, directory)
+        change(str(directory))
+        return directory
+
+    for directory, message in (
+        (broken("no-index", lambda d: os.remove(os.path.join(d, "model.weights.json"))),
+         "stores its weights in int8 but has no model.weights.json"),
+        (broken("index", lambda d: _edit_json(d, "model.weights.json", lambda j: j.update(weights_storage="int3"))),
+         "model.weights.json' is corrupt: it gives weights_storage='int3'"),
+        (broken("no-metadata", lambda d: os.remove(os.path.join(d, "metadata.json"))),
+         "has an ensemble/ folder but no metadata.json"),
+        (broken("itself", lambda d: _edit_json(d, "metadata.json", lambda m: m.update(ensemble=["."]))),
+         "lists itself \\('.'\\) as one of its ensemble's other models"),
+    ):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # no SHA-256 recorded, without metadata.json
+            with pytest.raises(PresetError, match=message):
+                TransformerSeq2SeqLM.from_preset(directory)
+    assert len(TransformerSeq2SeqLM.from_preset(complete).ensemble_members) == 1
+
+
+@once
+def test_sources_and_targets_must_pair_up(preset):
+    model, _ = preset
+    with pytest.raises(ValueError, match="encoder_text has 2 texts, decoder_text 1 text: each source needs its target"):
+        model.preprocessor({"encoder_text": TEXTS, "decoder_text": TEXTS[:1]})
+
+
+@once
+def test_a_directory_named_as_a_shipped_preset_is_warned_of(tmp_path, monkeypatch):
+    from keras_transformer.presets import registry
+
+    name = next(iter(registry.shipped_directories()))
+    monkeypatch.chdir(tmp_path)
+    os.mkdir(name)
+    monkeypatch.setattr(registry, "_warned_shadowed", set())
+    with pytest.warns(UserWarning, match=f"names a preset shipped with keras_transformer.*pass '\\./{name}'"):
+        assert registry.resolve(name) == registry.shipped_directories()[name]
+
+
+@once
+def test_convert_says_what_its_source_is(preset, tmp_path):
+    from keras_transformer.convert import marian
+
+    _, directory = preset
+    with pytest.raises(PresetError, match="does not exist: give a Marian checkpoint's directory"):
+        marian.convert(str(tmp_path / "missing"), str(tmp_path / "out"))
+    with pytest.raises(PresetError, match="is already a preset of keras_transformer"):
+        marian.convert(directory, str(tmp_path / "out"))
+
+
 def _read_json(directory, name):
     with open(os.path.join(directory, name), encoding="utf-8") as f:
         return json.load(f)

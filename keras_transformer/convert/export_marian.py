@@ -56,7 +56,8 @@ def export_marian(model, output_dir, overwrite=False):
         output_dir: the directory to write; it must be empty or absent
             unless `overwrite`.
         overwrite: replace the files of an earlier export in `output_dir`
-            (other files there stay).
+            (other files there stay); a directory that holds no Marian
+            model is never written into.
 
     Returns:
         `output_dir`.
@@ -65,7 +66,8 @@ def export_marian(model, output_dir, overwrite=False):
         PresetError: a model that Marian cannot hold (pre-norm layers,
             learned positions, d_k != d_model / h, a WordPiece vocabulary,
             an activation other than ReLU, SiLU or GELU).
-        FileExistsError: `output_dir` is not empty and `overwrite` is False.
+        FileExistsError: `output_dir` is not empty and `overwrite` is False,
+            or it holds files but no Marian model.
 
     Example:
 
@@ -85,8 +87,16 @@ def export_marian(model, output_dir, overwrite=False):
     output_dir = os.path.abspath(os.fspath(output_dir))
     if os.path.isfile(output_dir):
         raise FileExistsError(f"{output_dir!r} is a file; give a directory.")
-    if os.path.isdir(output_dir) and os.listdir(output_dir) and not overwrite:
-        raise FileExistsError(f"{output_dir!r} is not empty. Choose another directory, or pass overwrite=True.")
+    if os.path.isdir(output_dir) and os.listdir(output_dir):
+        if not overwrite:
+            raise FileExistsError(f"{output_dir!r} is not empty. Choose another directory, or pass overwrite=True.")
+        # Replacing only an earlier export keeps a mistyped path (a preset,
+        # a project's own config.json) from being overwritten.
+        if not _is_marian_directory(output_dir):
+            raise FileExistsError(
+                f"{output_dir!r} is not empty and holds no Marian model (a {marian.CONFIG_FILE} of "
+                "model_type 'marian'): overwrite replaces an earlier export only. Choose another directory."
+            )
     try:
         from safetensors.numpy import save_file
     except ImportError as error:
@@ -115,6 +125,15 @@ def export_marian(model, output_dir, overwrite=False):
                 f.write(data)
         move_into_place(staging, output_dir)
     return output_dir
+
+
+def _is_marian_directory(directory):
+    try:
+        with open(os.path.join(directory, marian.CONFIG_FILE), encoding="utf-8") as f:
+            config = json.load(f)
+    except (OSError, ValueError):
+        return False
+    return isinstance(config, dict) and config.get("model_type") == "marian"
 
 
 def _load(model):

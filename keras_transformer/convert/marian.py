@@ -338,8 +338,16 @@ def convert(source, preset_dir):
     """Converts a Marian checkpoint (directory or `hf://` handle) into a
     preset of this package at `preset_dir` (`keras-transformer convert`)."""
     if not is_marian(source):
+        path = os.fspath(source)
+        if "://" not in path and not os.path.exists(path):
+            raise PresetError(f"{path!r} does not exist: give a Marian checkpoint's directory or an hf:// handle.")
+        if "://" not in path and os.path.isfile(os.path.join(path, "metadata.json")):
+            raise PresetError(
+                f"{path!r} is already a preset of keras_transformer, not a Marian checkpoint: load it "
+                "as it is (`from_preset`, `--preset`)."
+            )
         raise PresetError(
-            f"{os.fspath(source)!r} is not a Marian checkpoint: it needs a config.json with "
+            f"{path!r} is not a Marian checkpoint: it needs a config.json with "
             "model_type 'marian', as transformers' MarianMTModel.save_pretrained writes."
         )
     model = load_task(source)

@@ -154,6 +154,12 @@ def _check_compatible(first, model, index):
             f"Ensemble model {index} has special token ids {model.special_token_ids}, model 0 "
             f"{first.special_token_ids}: the models of an ensemble must share one vocabulary."
         )
+    first_languages, languages = _languages(first), _languages(model)
+    if first_languages and languages and first_languages != languages:
+        raise ValueError(
+            f"Ensemble model {index} translates {languages}, model 0 {first_languages}: the models of an "
+            "ensemble must translate the same languages."
+        )
     first_vocabulary, vocabulary = _vocabulary(first), _vocabulary(model)
     if first_vocabulary is not None and vocabulary is not None and first_vocabulary != vocabulary:
         raise ValueError(
@@ -161,6 +167,15 @@ def _check_compatible(first, model, index):
             "pieces): the models of an ensemble must share one vocabulary, as models trained on the same "
             "tokenizer (train --from-preset, or the same tokenizer.spm) do."
         )
+
+
+def _languages(model):
+    """'en-de' for a model loaded from a preset whose metadata.json names
+    its languages; None when unknown."""
+    languages = getattr(model, "_preset_languages", None)
+    if not isinstance(languages, dict) or not {"source", "target"} <= set(languages):
+        return None
+    return f"{languages['source']}-{languages['target']}"
 
 
 def _vocabulary(model):

@@ -27,6 +27,8 @@ lists the shipped ones; a missing or corrupt file is named) and saves presets
 so that a save that fails halfway leaves the directory as it was.
 """
 
+import difflib
+import inspect
 import os
 
 from keras_transformer.presets import int8
@@ -71,6 +73,7 @@ class PresetIO:
     """
 
     preset_needs = ("config",)
+    preset_keywords = ()  # what a subclass's `from_preset` takes of its own
 
     @classmethod
     def from_preset(cls, preset, *args, **kwargs):
@@ -81,6 +84,8 @@ class PresetIO:
         # directories and hf:// handles are converted here.
         from keras_transformer.convert import marian
 
+        _check_keywords(cls, kwargs)
+        _check_dtype(kwargs.get("dtype"))
         if not args and marian.is_marian(preset):
             return marian.from_preset(cls, os.fspath(preset), **kwargs)
         load_weights = kwargs.get("load_weights", True)
@@ -164,6 +169,52 @@ class PresetIO:
             super().save_to_preset(directory, *args, **kwargs)
             if weights_storage == "int8":
                 int8.store_backbone(backbone, directory)
+
+
+# What keras-hub's loaders take beside the constructor's arguments.
+_LOADER_KEYWORDS = ("load_weights", "load_task_weights", "dtype")
+
+
+def _check_keywords(cls, kwargs):
+    """Refuses a keyword that neither the loader nor any constructor of
+    `cls` takes: keras-hub passes such a keyword into the config it builds
+    from, where it is dropped without a word (a typo of `load_weights`
+    would load them)."""
+    known = {*_LOADER_KEYWORDS, *getattr(cls, "preset_keywords", ())}
+    for klass in cls.__mro__:
+        init = klass.__dict__.get("__init__")
+        if init is not None:
+            known.update(
+                name for name, parameter in inspect.signature(init).parameters.items()
+                if parameter.kind in (parameter.POSITIONAL_OR_KEYWORD, parameter.KEYWORD_ONLY)
+            )
+    unknown = sorted(set(kwargs) - known)
+    if unknown:
+        close = difflib.get_close_matches(unknown[0], sorted(known), n=1)
+        raise TypeError(
+            f"{cls.__name__}.from_preset() got an unexpected keyword argument {unknown[0]!r}"
+            + (f" (did you mean {close[0]!r}?)" if close else "") + "."
+        )
+
+
+def _check_dtype(dtype):
+    """`from_preset(dtype=...)`: a float dtype or policy, checked before the
+    preset is read (Keras' error would seem to be the preset's)."""
+    if dtype is None:
+        return
+    import keras
+
+    quantized = isinstance(dtype, str) and dtype.startswith(("int", "float8"))
+    try:
+        policy = None if quantized else keras.dtype_policies.get(dtype)
+    except (TypeError, ValueError):
+        policy = None
+    if policy is None or isinstance(policy, keras.dtype_policies.QuantizedDTypePolicy):
+        raise ValueError(
+            f"dtype={dtype!r} is not a dtype to load a model in: use 'float32', 'bfloat16', 'float16' "
+            "or a mixed policy ('mixed_bfloat16'). For int8 weights, load the model and call "
+            "`model.quantize(\"int8\")`."
+        )
 
 
 def _builds_without_weights(loader, directory, args, kwargs):

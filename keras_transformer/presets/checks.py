@@ -10,10 +10,12 @@ import warnings
 from keras_transformer.presets.layout import ASSETS_DIR
 from keras_transformer.presets.layout import CHECKSUMS_KEY
 from keras_transformer.presets.layout import CONFIG_FILE
+from keras_transformer.presets.layout import ENSEMBLE_DIR
 from keras_transformer.presets.layout import INT8_WEIGHTS_FILE
 from keras_transformer.presets.layout import METADATA_FILE
 from keras_transformer.presets.layout import PREPROCESSOR_FILE
 from keras_transformer.presets.layout import SHARDED_WEIGHTS_INDEX
+from keras_transformer.presets.layout import STORAGE_KEY
 from keras_transformer.presets.layout import TASK_FILE
 from keras_transformer.presets.layout import TOKENIZER_FILE
 from keras_transformer.presets.layout import WEIGHTS_FILE
@@ -88,6 +90,12 @@ def _check_directory(directory, needs, load_weights):
     for name in (CONFIG_FILE, TASK_FILE, PREPROCESSOR_FILE, TOKENIZER_FILE, METADATA_FILE):
         if os.path.exists(path(name)):
             configs[name] = _read_json(path(name))
+    if METADATA_FILE not in configs and os.path.isdir(path(ENSEMBLE_DIR)):
+        raise PresetError(
+            f"The preset directory {directory!r} has an {ENSEMBLE_DIR}/ folder but no {METADATA_FILE}, "
+            "which lists the ensemble's models: it is incomplete. Copy the preset again, or save the "
+            "model again."
+        )
     if PREPROCESSOR_FILE in configs and TOKENIZER_FILE not in configs:
         raise PresetError(
             f"The preset directory {directory!r} has a {PREPROCESSOR_FILE} but no "
@@ -209,6 +217,7 @@ def _check_weights(directory, checksums, metadata):
     index = os.path.join(directory, SHARDED_WEIGHTS_INDEX)
     int8_storage = int8.stored_in_int8(directory, metadata)
     if int8_storage:
+        _check_int8_index(index)
         files = [os.path.join(directory, INT8_WEIGHTS_FILE)]
     elif os.path.exists(index):
         files = sorted(set(_flatten(_read_json(index).get("weight_map", {}).values())))
@@ -243,6 +252,23 @@ def _check_weights(directory, checksums, metadata):
                 f"The weights file {weights!r} is corrupt or truncated ({type(error).__name__}: {error}). "
                 "Copy the preset again or save the model again."
             ) from error
+
+
+def _check_int8_index(index):
+    """The index through which keras-hub hands weights stored in int8 to
+    `TransformerBackbone.load_weights` (presets/int8.py) is there and says so."""
+    if not os.path.isfile(index):
+        raise PresetError(
+            f"The preset directory {os.path.dirname(index)!r} stores its weights in int8 but has no "
+            f"{SHARDED_WEIGHTS_INDEX} (the index they load by): it is incomplete. Copy the preset "
+            "again, or save the model again."
+        )
+    storage = _read_json(index).get(STORAGE_KEY)
+    if storage != "int8":
+        raise PresetError(
+            f"The preset file {index!r} is corrupt: it gives {STORAGE_KEY}={storage!r} for weights "
+            f"stored in int8 ({INT8_WEIGHTS_FILE}). Copy the preset again, or save the model again."
+        )
 
 
 def weights_count(directory):

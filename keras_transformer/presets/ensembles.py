@@ -53,6 +53,11 @@ def load_members(task, preset, load_weights=True, dtype=None):
         location = os.path.normpath(os.path.join(directory, path))
         if os.path.commonpath([location, os.path.abspath(directory)]) != os.path.abspath(directory):
             raise PresetError(f"The preset {directory!r} lists an ensemble model outside it: {path!r}.")
+        if location == os.path.abspath(directory):
+            raise PresetError(
+                f"The preset {directory!r} lists itself ({path!r}) as one of its ensemble's other models: "
+                f"metadata.json must list the directories of the others, such as \"{ENSEMBLE_DIR}/1\"."
+            )
         if not os.path.isdir(location):
             raise PresetError(
                 f"The preset {directory!r} lists the ensemble model {path!r}, which it does not hold: the "

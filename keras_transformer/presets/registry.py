@@ -3,6 +3,7 @@ JSON files by name, directory or handle."""
 
 import json
 import os
+import warnings
 
 from keras_transformer.presets.layout import CONFIG_FILE
 from keras_transformer.presets.layout import ENSEMBLE_KEY
@@ -128,7 +129,24 @@ def keras_hub_registry():
 
 
 def resolve(preset):
-    """The local directory of a shipped preset name, or `preset` unchanged."""
-    return shipped_directories().get(preset, preset)
+    """The local directory of a shipped preset name, or `preset` (a leading
+    `~` expanded to the home directory)."""
+    shipped = shipped_directories()
+    if preset in shipped:
+        if os.path.isdir(preset) and preset not in _warned_shadowed:
+            _warned_shadowed.add(preset)
+            warnings.warn(
+                f"{preset!r} names a preset shipped with keras_transformer, which is the one that loads, "
+                f"not the directory {preset!r} here: pass {os.path.join('.', preset)!r} to load the "
+                "directory.",
+                stacklevel=3,
+            )
+        return shipped[preset]
+    if isinstance(preset, str) and preset.startswith("~"):
+        return os.path.expanduser(preset)
+    return preset
+
+
+_warned_shadowed = set()
 
 

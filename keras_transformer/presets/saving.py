@@ -8,11 +8,15 @@ import shutil
 import threading
 
 from keras_transformer.presets.layout import CHECKSUMS_KEY
+from keras_transformer.presets.layout import CONFIG_FILE
 from keras_transformer.presets.layout import INT8_WEIGHTS_FILE
 from keras_transformer.presets.layout import METADATA_FILE
 from keras_transformer.presets.layout import PRESET_ENTRIES
+from keras_transformer.presets.layout import PREPROCESSOR_FILE
 from keras_transformer.presets.layout import SHARDED_WEIGHTS_FILES
+from keras_transformer.presets.layout import TASK_FILE
 from keras_transformer.presets.layout import TASK_WEIGHTS_FILE
+from keras_transformer.presets.layout import TOKENIZER_FILE
 from keras_transformer.presets.layout import WEIGHTS_FILE
 from keras_transformer.presets.layout import PresetError
 from keras_transformer.presets.registry import read_metadata
@@ -52,9 +56,12 @@ def saving(preset_dir, metadata=None, replaces=PRESET_ENTRIES):
         if metadata:  # also an ensemble member's own metadata.json (presets/ensembles.py)
             _record(preset_dir, metadata, preset_dir)
         return
-    preset_dir = os.path.abspath(os.fspath(preset_dir))
+    if not isinstance(preset_dir, (str, os.PathLike)) or not os.fspath(preset_dir):
+        raise PresetError(f"Cannot save a preset to {preset_dir!r}: give the path of a directory.")
+    preset_dir = os.path.abspath(os.path.expanduser(os.fspath(preset_dir)))
     if os.path.exists(preset_dir) and not os.path.isdir(preset_dir):
         raise PresetError(f"Cannot save a preset to {preset_dir!r}: it is a file, not a directory.")
+    _check_replaceable(preset_dir)
     _saving.active = True
     try:
         with reporting_full_disk("saving the preset to", preset_dir), staging_directory(preset_dir, "saving") as staging:
@@ -63,6 +70,36 @@ def saving(preset_dir, metadata=None, replaces=PRESET_ENTRIES):
             move_into_place(staging, preset_dir, replaces)
     finally:
         _saving.active = False
+
+
+def _check_replaceable(preset_dir):
+    """Refuses to save into a directory that holds files with a preset
+    file's name (a config.json, an assets/ folder) but no preset: they are
+    the user's own, not an earlier save's, and a save would replace them."""
+    if not os.path.isdir(preset_dir):
+        return
+    replaced = sorted(matching(preset_dir, PRESET_ENTRIES))
+    if not replaced or any(_written_by_keras(os.path.join(preset_dir, name)) for name in _KERAS_FILES):
+        return
+    raise PresetError(
+        f"Cannot save a preset to {preset_dir!r}: it holds {', '.join(replaced)}, which a save "
+        "would replace, but no preset of an earlier save. Choose a new or empty directory, "
+        "or move those files away first."
+    )
+
+
+# Files that mark a directory as a preset: a Keras object's config, or the
+# metadata.json that keras-hub writes with its Keras version.
+_KERAS_FILES = (CONFIG_FILE, TASK_FILE, PREPROCESSOR_FILE, TOKENIZER_FILE, METADATA_FILE)
+
+
+def _written_by_keras(path):
+    try:
+        with open(path, encoding="utf-8") as f:
+            content = json.load(f)
+    except (OSError, ValueError):
+        return False
+    return isinstance(content, dict) and ("class_name" in content or "keras_version" in content)
 
 
 def record(directory, metadata=None):

@@ -3,6 +3,7 @@ training recipe (section 5) and decoding (section 6.1)."""
 
 import contextlib
 import gc
+import os
 import warnings
 
 import keras
@@ -31,6 +32,7 @@ from keras_transformer.presets import ensembles
 from keras_transformer.presets.saving import saving
 from keras_transformer.presets.layout import ENSEMBLE_KEY
 from keras_transformer.presets.layout import STORAGE_KEY
+from keras_transformer.presets.registry import preset_metadata
 from keras_transformer.schedules import paper_optimizer
 
 
@@ -353,10 +355,11 @@ class TransformerSeq2SeqLM(PresetIO, keras_hub.models.Seq2SeqLM):
         if ensemble is None:
             # keras-hub's samplers decode one model: an ensemble preset's first.
             ensemble = [] if keras_hub_sampler else self.ensemble_members
+        ensemble = _check_models(ensemble)
         if keras_hub_sampler and (num_results > 1 or return_scores or ensemble):
             raise ValueError("keras-hub samplers give no scores, n-best lists or ensembles; use sampler='beam'.")
-        if batch_size < 1:
-            raise ValueError(f"batch_size must be at least 1, got {batch_size}.")
+        _check_counts(beam_size=beam_size, num_results=num_results, batch_size=batch_size)
+        _check_count("max_length_offset", max_length_offset, minimum=0)
         check_alpha(alpha)
         if sampler == "greedy":
             if num_results > 1:
@@ -379,9 +382,7 @@ class TransformerSeq2SeqLM(PresetIO, keras_hub.models.Seq2SeqLM):
                     "the start token."
                 )
             texts = inputs
-            ids = keras.ops.convert_to_numpy(texts["encoder_token_ids"])
-            mask = keras.ops.convert_to_numpy(texts["encoder_padding_mask"]).astype(bool)
-            sources = [row[m].tolist() for row, m in zip(ids, mask)]
+            sources = _source_ids(inputs, self.backbone.vocabulary_size)
         else:
             texts, single = source_texts(inputs)
             sources = self._tokenize_sources(texts)
@@ -451,12 +452,18 @@ class TransformerSeq2SeqLM(PresetIO, keras_hub.models.Seq2SeqLM):
         # weights are not this model's.
         object.__setattr__(self, "_ensemble_members", tuple(models))
 
+    preset_keywords = ("load_ensemble",)
+
     @classmethod
     def from_preset(cls, preset, *args, load_ensemble=True, **kwargs):
         """Loads a preset (see `keras_transformer.presets`); of an ensemble
         preset, also its further models into `ensemble_members`, unless
         `load_ensemble=False` (its first model alone)."""
         model = super().from_preset(preset, *args, **kwargs)
+        if isinstance(model, TransformerSeq2SeqLM):
+            # Read by `Ensemble`, which refuses models of other languages.
+            languages = preset_metadata(preset).get("languages") if "://" not in os.fspath(preset) else None
+            object.__setattr__(model, "_preset_languages", languages)
         if isinstance(model, TransformerSeq2SeqLM) and load_ensemble:
             model.set_ensemble_members(ensembles.load_members(
                 model, preset, load_weights=kwargs.get("load_weights", True), dtype=kwargs.get("dtype")
@@ -509,6 +516,62 @@ class TransformerSeq2SeqLM(PresetIO, keras_hub.models.Seq2SeqLM):
     def _detokenize(self, id_lists):
         self._require_tokenizer()
         return self.preprocessor.generate_postprocess(id_lists)
+
+
+def _check_count(name, value, minimum=1):
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
+        raise TypeError(f"{name} must be an integer, got {value!r} ({type(value).__name__}).")
+    if value < minimum:
+        raise ValueError(f"{name} must be at least {minimum}, got {value}.")
+
+
+def _check_counts(**counts):
+    for name, value in counts.items():
+        _check_count(name, value)
+
+
+def _check_models(models):
+    """`generate`'s `ensemble`: a list of translation models."""
+    if isinstance(models, (str, bytes)) or not isinstance(models, (list, tuple)):
+        raise TypeError(
+            f"ensemble must be a list of TransformerSeq2SeqLM models, got {type(models).__name__}; "
+            "load a preset with TransformerSeq2SeqLM.from_preset(...) and pass [model]."
+        )
+    for i, model in enumerate(models):
+        if not isinstance(model, TransformerSeq2SeqLM):
+            raise TypeError(
+                f"ensemble[{i}] is a {type(model).__name__}, not a TransformerSeq2SeqLM; "
+                "load it with TransformerSeq2SeqLM.from_preset(...)."
+            )
+    return list(models)
+
+
+def _source_ids(inputs, vocabulary_size):
+    """The unpadded token ids of each source of `generate`'s dict input,
+    checked: integer ids of a (batch, length) array, inside the vocabulary,
+    with a mask of the same shape."""
+    ids = np.asarray(keras.ops.convert_to_numpy(inputs["encoder_token_ids"]))
+    mask = np.asarray(keras.ops.convert_to_numpy(inputs["encoder_padding_mask"]))
+    if ids.ndim != 2:
+        raise ValueError(
+            f"encoder_token_ids must have the shape (batch, length), got {ids.shape}"
+            + ("; for one source, add a batch axis (ids[None])." if ids.ndim == 1 else ".")
+        )
+    if not np.issubdtype(ids.dtype, np.integer):
+        raise TypeError(f"encoder_token_ids must hold integers, got {ids.dtype}.")
+    if mask.shape != ids.shape:
+        raise ValueError(
+            f"encoder_padding_mask has the shape {mask.shape}, encoder_token_ids {ids.shape}: "
+            "they must have the same shape (a mask value for each id)."
+        )
+    mask = mask.astype(bool)
+    outside = ids[mask & ((ids < 0) | (ids >= vocabulary_size))]
+    if outside.size:
+        raise ValueError(
+            f"encoder_token_ids holds {outside[0]}, outside the vocabulary [0, {vocabulary_size}): "
+            "ids must come from this model's tokenizer."
+        )
+    return [row[m].tolist() for row, m in zip(ids, mask)]
 
 
 def _eager_direct_calls():

@@ -168,6 +168,7 @@ class TransformerSeq2SeqLMPreprocessor(PresetIO, keras_hub.models.Seq2SeqLMPrepr
                 "Targets go in x['decoder_text'], not in y: the labels are the "
                 "target tokens shifted by one."
             )
+        _check_pairs(x["encoder_text"], x["decoder_text"])
         if hasattr(self.tokenizer, "tokenize_target"):
             return self._call_with_target_vocabulary(x, **kwargs)
         return super().call(x, y=y, sample_weight=sample_weight, **kwargs)
@@ -203,6 +204,23 @@ class TransformerSeq2SeqLMPreprocessor(PresetIO, keras_hub.models.Seq2SeqLMPrepr
             }
         )
         return config
+
+
+def _check_pairs(sources, targets):
+    """Refuses batches of sources and targets that do not pair up (lists
+    and arrays; a tensor's batch is checked by TensorFlow)."""
+    sized = (list, tuple, np.ndarray)
+    if isinstance(sources, sized) and isinstance(targets, sized):
+        if np.ndim(sources) != np.ndim(targets) or len(sources) != len(targets):
+            raise ValueError(
+                f"encoder_text has {_count(sources)}, decoder_text {_count(targets)}: each source "
+                "needs its target (the same number of texts in both)."
+            )
+
+
+def _count(texts):
+    count = 1 if np.ndim(texts) == 0 else len(texts)
+    return f"{count} text" + ("" if count == 1 else "s")
 
 
 def source_texts(inputs):
