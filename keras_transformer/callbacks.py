@@ -205,7 +205,7 @@ def _is_float(array):
 
 
 def continue_from_checkpoint(backup_dir, checkpoint_dir, steps_per_epoch, initial_step=0):
-    """Lets a finished run train longer.
+    """Lets a finished run train longer (and says where a killed one resumes).
 
     `keras.callbacks.BackupAndRestore` deletes its backup when `fit` ends, so
     a finished run rerun with a larger `epochs` would start again from
@@ -214,8 +214,11 @@ def continue_from_checkpoint(backup_dir, checkpoint_dir, steps_per_epoch, initia
     position), so it becomes the backup, and `fit` goes on from the epoch
     after it.
     """
+    if os.path.exists(backup_dir):  # a run killed before its end: `fit` resumes from its backup
+        print(f"Resuming the unfinished run from {backup_dir} (after epoch {finished_epochs(backup_dir)}).")
+        return
     checkpoints = list_checkpoints(checkpoint_dir)
-    if os.path.exists(backup_dir) or not checkpoints:
+    if not checkpoints:
         return
     newest = checkpoints[-1]
     step = checkpoint_step(newest)

@@ -118,11 +118,15 @@ def _add_train(subparsers):
 def _add_evaluate(subparsers):
     p = subparsers.add_parser("evaluate", help="Translate a Multi30k split and report sacreBLEU.")
     p.add_argument("model", help="a preset directory (such as RUN/model) or preset name")
-    p.add_argument("--split", default="test_2016_flickr")
+    p.add_argument("--split", default="test_2016_flickr",
+                   help="train, val, test_2016_flickr, test_2017_flickr or test_2017_mscoco "
+                   "(default: test_2016_flickr)")
     p.add_argument("--source", help="source language (default: the model's)")
     p.add_argument("--target", help="target language (default: the model's)")
-    p.add_argument("--data-dir")
-    p.add_argument("--batch-size", type=arguments.positive_int, default=64)
+    p.add_argument("--data-dir", help="a directory with Multi30k's raw files (train.en.gz, ...; default: "
+                   "$KERAS_TRANSFORMER_MULTI30K, else a download)")
+    p.add_argument("--batch-size", type=arguments.positive_int, default=64,
+                   help="sentences translated together (default: 64)")
     p.add_argument("--beam-size", type=arguments.positive_int, default=4, help="1 decodes greedily (default: 4)")
     p.add_argument("--alpha", type=arguments.non_negative_float, default=0.6, help="length penalty (default: 0.6)")
     _add_length_penalty(p)
@@ -388,6 +392,11 @@ def main(argv=None):
     }
     try:
         commands[args.command](args)
+    except BrokenPipeError:
+        # The reader of stdout stopped (`| head`): exit quietly, as other
+        # commands do, and keep Python's flush at exit from failing again.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        raise SystemExit(1) from None
     except (ValueError, OSError, EOFError) as error:
         # Bad input (presets, text, files, settings) and file system errors
         # (a missing, unwritable or corrupt file, a full disk): the message,

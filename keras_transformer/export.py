@@ -137,9 +137,7 @@ def export_saved_model(
         )
     _check_exportable(model)
     _check_precision(model, dtype, quantize)
-    if not ensemble:
-        ensembles.warn_first_model_only(model, "The SavedModel")
-    elif not ensembles.other_members(model, strict=True):
+    if ensemble and not ensembles.other_members(model, strict=True):
         raise ValueError(
             "ensemble=True (--ensemble) exports an ensemble preset's models together, but this "
             "model is a single model, with no ensemble members: export it without ensemble=True (--ensemble)."
@@ -163,6 +161,10 @@ def export_saved_model(
                 f"{export_dir!r} is not empty and holds no SavedModel (saved_model.pb): overwrite "
                 "replaces an earlier export only. Choose another directory."
             )
+    if not ensemble:  # after the checks that may refuse the export
+        ensembles.warn_first_model_only(
+            model, "The SavedModel", "export with ensemble=True (--ensemble) to hold them all"
+        )
     with reporting_full_disk("exporting the SavedModel to", export_dir), staging_directory(
         export_dir, "exporting"
     ) as staging:

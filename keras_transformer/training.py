@@ -147,9 +147,14 @@ def _check_run_start(output_dir, run, initial_preset):
 def _preset_steps(preset, training):
     """The steps a preset was trained for, from its metadata's `training`
     block: `steps`, else its `initial_step` plus `epochs` times
-    `steps_per_epoch`; None if the metadata does not say."""
-    if training.get("steps") is not None:
-        return int(training["steps"])
+    `steps_per_epoch`; None if the metadata does not say. Of an ensemble
+    preset, whose `steps` lists each model's, the first model's: the one
+    a run starts from."""
+    steps = training.get("steps")
+    if isinstance(steps, list):
+        steps = steps[0] if steps else None
+    if steps is not None:
+        return int(steps)
     settings = training.get("settings", training)
     if settings.get("epochs") and settings.get("steps_per_epoch"):
         return int(settings.get("initial_step") or 0) + settings["epochs"] * settings["steps_per_epoch"]
@@ -178,9 +183,6 @@ def _initial_preset(preset, output_dir, run, source, target, save=True):
         # shipped one).
         return TransformerTokenizer(proto=path), int(run.get("initial_step") or 0), run.get("initial_training")
     tokenizer = TransformerTokenizer.from_preset(preset)
-    if save:
-        with written_in_place(path) as partial, open(partial, "wb") as f:
-            f.write(tokenizer.proto)
     metadata = preset_metadata(preset)
     languages = metadata.get("languages", {})
     if languages and (languages.get("source"), languages.get("target")) != (source, target):
@@ -191,7 +193,11 @@ def _initial_preset(preset, output_dir, run, source, target, save=True):
             stacklevel=3,
         )
     training = metadata.get("training") or None
-    return tokenizer, _preset_steps(preset, training or {}), training
+    steps = _preset_steps(preset, training or {})
+    if save:  # after the checks that may refuse the preset: nothing left behind
+        with written_in_place(path) as partial, open(partial, "wb") as f:
+            f.write(tokenizer.proto)
+    return tokenizer, steps, training
 
 
 def train_multi30k(output_dir, strategy=None, extra_callbacks=(), verbose="auto", **settings):

@@ -18,6 +18,7 @@ from keras_transformer.models import TransformerTokenizer
 from keras_transformer.presets import PresetError
 
 from helpers import directory_contents
+from helpers import once
 from helpers import to_numpy
 
 SOURCES = ["Ein Hund läuft über die Wiese.", "Zwei Männer spielen Fußball.", "Eine Frau liest."]
@@ -75,6 +76,22 @@ def test_round_trip_and_fine_tuning(saved, tmp_path):
     again = TransformerSeq2SeqLM.from_preset(directory)
     np.testing.assert_allclose(logits(again, SOURCES), after, atol=1e-6)
     assert again.generate(SOURCES) == loaded.generate(SOURCES)
+
+
+@once
+def test_a_saved_copy_keeps_the_languages_and_an_ensemble_loads_from_a_relative_path(saved, tmp_path, monkeypatch):
+    model, directory = saved
+    terms = "For research and education only."
+    model.save_to_preset(directory, metadata={"languages": {"source": "de", "target": "en"}, "data_terms": terms})
+    loaded = TransformerSeq2SeqLM.from_preset(directory)
+    loaded.set_ensemble_members([tiny_model(model.preprocessor.tokenizer)])
+    monkeypatch.chdir(tmp_path)
+    loaded.save_to_preset("runs/ensemble")  # a fine-tuned copy, without metadata=
+    metadata = presets.preset_metadata("runs/ensemble")
+    assert metadata["languages"] == {"source": "de", "target": "en"} and metadata["data_terms"] == terms
+    again = TransformerSeq2SeqLM.from_preset("runs/ensemble")
+    assert len(again.ensemble_members) == 1
+    assert again.generate(SOURCES, sampler="greedy") == loaded.generate(SOURCES, sampler="greedy")
 
 
 def test_a_preset_assembled_part_by_part(saved, tmp_path):

@@ -196,7 +196,9 @@ def test_killed_run_resumes_where_it_stopped_then_evaluates(tmp_path, multi30k_d
         f"step-{s * steps_per_epoch:09d}.weights.h5" for s in (2, 3)
     ]
     assert len(open(os.path.join(run, "history.csv")).read().splitlines()) == 1 + 3
-    assert "Continuing from" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert "Resuming the unfinished run from" in printed and "(after epoch 1)" in printed
+    assert "Continuing from" in printed
     # Resumed with settings that make other batches or weights: refused
     # before any work, run.json as it was.
     before = _read_json(os.path.join(run, "run.json"))
@@ -371,6 +373,13 @@ def test_a_run_from_a_preset_refuses_what_it_cannot_do(tmp_path, multi30k_dir):
     assert _preset_steps(preset, {"epochs": 2, "steps_per_epoch": 3, "initial_step": 10}) == 16
     assert _preset_steps(preset, {"settings": {"epochs": 4, "steps_per_epoch": 5}}) == 20
     assert _preset_steps(preset, {}) is None
+    # An ensemble preset lists each model's steps; a run starts from its
+    # first model, whose last training stage ended at that step.
+    from keras_transformer.presets import preset_metadata
+
+    training = preset_metadata(preset)["training"]
+    assert isinstance(training["steps"], list)
+    assert _preset_steps(preset, training) == training["members"][0]["stages"][-1]["steps"]
 
 
 def test_a_tokenizer_left_by_a_failed_start_is_not_the_runs(tmp_path, multi30k_dir):

@@ -79,7 +79,6 @@ def export_marian(model, output_dir, overwrite=False):
     ```
     """
     model = _load(model)
-    ensembles.warn_first_model_only(model, "The Marian directory")
     backbone, tokenizer = model.backbone, model.preprocessor.tokenizer
     layout = MarianLayout(model.special_token_ids, backbone.vocabulary_size)
     config = marian_config(model, layout)
@@ -97,6 +96,7 @@ def export_marian(model, output_dir, overwrite=False):
                 f"{output_dir!r} is not empty and holds no Marian model (a {marian.CONFIG_FILE} of "
                 "model_type 'marian'): overwrite replaces an earlier export only. Choose another directory."
             )
+    ensembles.warn_first_model_only(model, "The Marian directory")  # a Marian model is one model
     try:
         from safetensors.numpy import save_file
     except ImportError as error:

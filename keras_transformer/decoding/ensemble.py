@@ -172,7 +172,7 @@ def _check_compatible(first, model, index):
 def _languages(model):
     """'en-de' for a model loaded from a preset whose metadata.json names
     its languages; None when unknown."""
-    languages = getattr(model, "_preset_languages", None)
+    languages = getattr(model, "_preset_metadata", {}).get("languages")
     if not isinstance(languages, dict) or not {"source", "target"} <= set(languages):
         return None
     return f"{languages['source']}-{languages['target']}"

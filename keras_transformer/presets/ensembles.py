@@ -49,11 +49,12 @@ def load_members(task, preset, load_weights=True, dtype=None):
             "directory: download the preset's directory and give its path."
         )
     members = []
+    root = os.path.abspath(directory)
     for path in paths:
-        location = os.path.normpath(os.path.join(directory, path))
-        if os.path.commonpath([location, os.path.abspath(directory)]) != os.path.abspath(directory):
+        location = os.path.normpath(os.path.join(root, path))
+        if os.path.commonpath([location, root]) != root:
             raise PresetError(f"The preset {directory!r} lists an ensemble model outside it: {path!r}.")
-        if location == os.path.abspath(directory):
+        if location == root:
             raise PresetError(
                 f"The preset {directory!r} lists itself ({path!r}) as one of its ensemble's other models: "
                 f"metadata.json must list the directories of the others, such as \"{ENSEMBLE_DIR}/1\"."
@@ -107,14 +108,15 @@ def other_members(model, strict=False):
     return len(getattr(model, "ensemble_members", ()))
 
 
-def warn_first_model_only(model, what):
+def warn_first_model_only(model, what, remedy=None):
     """Warns that `what` (an export) holds an ensemble's first model only,
-    for a model (or preset) with ensemble members."""
+    for a model (or preset) with ensemble members; `remedy` says how to
+    hold them all, where the format can."""
     others = other_members(model)
     if others:
         warnings.warn(
             f"{what} holds the first of the ensemble's {1 + others} models only, which translates less well "
             "than the ensemble (the preset's metadata.json gives the ensemble's scores, and each model's in "
-            "`training`).",
+            "`training`)" + (f": {remedy}." if remedy else "."),
             stacklevel=3,
         )

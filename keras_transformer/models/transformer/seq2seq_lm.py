@@ -461,9 +461,14 @@ class TransformerSeq2SeqLM(PresetIO, keras_hub.models.Seq2SeqLM):
         `load_ensemble=False` (its first model alone)."""
         model = super().from_preset(preset, *args, **kwargs)
         if isinstance(model, TransformerSeq2SeqLM):
-            # Read by `Ensemble`, which refuses models of other languages.
-            languages = preset_metadata(preset).get("languages") if "://" not in os.fspath(preset) else None
-            object.__setattr__(model, "_preset_languages", languages)
+            # What the model keeps of its preset's metadata.json: its
+            # languages (`Ensemble` refuses models of others) and the
+            # data's terms, which a save of the model (fine-tuned) writes
+            # again.
+            metadata = preset_metadata(preset) if "://" not in os.fspath(preset) else {}
+            object.__setattr__(
+                model, "_preset_metadata", {key: metadata[key] for key in _INHERITED_METADATA if key in metadata}
+            )
         if isinstance(model, TransformerSeq2SeqLM) and load_ensemble:
             model.set_ensemble_members(ensembles.load_members(
                 model, preset, load_weights=kwargs.get("load_weights", True), dtype=kwargs.get("dtype")
@@ -471,12 +476,18 @@ class TransformerSeq2SeqLM(PresetIO, keras_hub.models.Seq2SeqLM):
         return model
 
     def save_to_preset(self, preset_dir, *args, metadata=None, **kwargs):
+        """Saves the model (and its `ensemble_members`) as a preset (see
+        `PresetIO.save_to_preset`). A model loaded from a preset keeps its
+        languages and its data's terms (`languages`, `data_terms` in
+        metadata.json) in the presets it saves; `metadata` may replace them."""
         members = self.ensemble_members
         # The list of members and the weights' storage are the save's to
         # write (metadata copied from an ensemble preset must not list
         # members this save lacks).
         metadata = {
-            key: value for key, value in (metadata or {}).items() if key not in (ENSEMBLE_KEY, STORAGE_KEY)
+            key: value
+            for key, value in {**getattr(self, "_preset_metadata", {}), **(metadata or {})}.items()
+            if key not in (ENSEMBLE_KEY, STORAGE_KEY)
         } or None
         if not members:
             return super().save_to_preset(preset_dir, *args, metadata=metadata, **kwargs)
@@ -516,6 +527,12 @@ class TransformerSeq2SeqLM(PresetIO, keras_hub.models.Seq2SeqLM):
     def _detokenize(self, id_lists):
         self._require_tokenizer()
         return self.preprocessor.generate_postprocess(id_lists)
+
+
+# The entries of a preset's metadata.json that a model loaded from it
+# writes into its own presets (`save_to_preset`): they stay true of the
+# model after fine-tuning, unlike its scores or description.
+_INHERITED_METADATA = ("languages", "data_terms")
 
 
 def _check_count(name, value, minimum=1):
