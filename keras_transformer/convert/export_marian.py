@@ -91,7 +91,7 @@ def export_marian(model, output_dir, overwrite=False):
             raise FileExistsError(f"{output_dir!r} is not empty. Choose another directory, or pass overwrite=True.")
         # Replacing only an earlier export keeps a mistyped path (a preset,
         # a project's own config.json) from being overwritten.
-        if not _is_marian_directory(output_dir):
+        if not marian.is_marian(output_dir):
             raise FileExistsError(
                 f"{output_dir!r} is not empty and holds no Marian model (a {marian.CONFIG_FILE} of "
                 "model_type 'marian'): overwrite replaces an earlier export only. Choose another directory."
@@ -125,15 +125,6 @@ def export_marian(model, output_dir, overwrite=False):
                 f.write(data)
         move_into_place(staging, output_dir)
     return output_dir
-
-
-def _is_marian_directory(directory):
-    try:
-        with open(os.path.join(directory, marian.CONFIG_FILE), encoding="utf-8") as f:
-            config = json.load(f)
-    except (OSError, ValueError):
-        return False
-    return isinstance(config, dict) and config.get("model_type") == "marian"
 
 
 def _load(model):

@@ -359,7 +359,9 @@ class TransformerSeq2SeqLM(PresetIO, keras_hub.models.Seq2SeqLM):
         if keras_hub_sampler and (num_results > 1 or return_scores or ensemble):
             raise ValueError("keras-hub samplers give no scores, n-best lists or ensembles; use sampler='beam'.")
         _check_counts(beam_size=beam_size, num_results=num_results, batch_size=batch_size)
-        _check_count("max_length_offset", max_length_offset, minimum=0)
+        # A negative offset is allowed (outputs shorter than their sources):
+        # rules.output_budgets refuses one that leaves a source no token.
+        _check_count("max_length_offset", max_length_offset, minimum=None)
         check_alpha(alpha)
         if sampler == "greedy":
             if num_results > 1:
@@ -538,7 +540,7 @@ _INHERITED_METADATA = ("languages", "data_terms")
 def _check_count(name, value, minimum=1):
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
         raise TypeError(f"{name} must be an integer, got {value!r} ({type(value).__name__}).")
-    if value < minimum:
+    if minimum is not None and value < minimum:
         raise ValueError(f"{name} must be at least {minimum}, got {value}.")
 
 
