@@ -314,6 +314,22 @@ def test_from_preset_refuses_unknown_keywords_and_dtypes(preset):
 
 
 @once
+def test_the_models_refuse_keywords_they_do_not_take(preset):
+    # keras.Model's functional constructor drops unknown keywords: keras-hub's
+    # hidden_dim used to build a model of the default width, 512.
+    model, _ = preset
+    with pytest.raises(TypeError, match="unexpected keyword argument 'hidden_dim'; did you mean 'd_model'"):
+        TransformerBackbone(100, num_layers=1, num_heads=2, hidden_dim=16, d_ff=32)
+    with pytest.raises(TypeError, match="'num_head'; did you mean 'num_heads'"):
+        TransformerBackbone(100, num_layers=1, num_head=2)
+    with pytest.raises(TypeError, match="TransformerSeq2SeqLM.. got an unexpected keyword argument 'tokenizer'"):
+        TransformerSeq2SeqLM(model.backbone, tokenizer=model.preprocessor.tokenizer)
+    # What keras.Model takes still passes, and configs still round-trip.
+    assert TransformerSeq2SeqLM(model.backbone, name="named", trainable=False).name == "named"
+    assert TransformerBackbone.from_config(model.backbone.get_config()).d_model == 32
+
+
+@once
 def test_an_incomplete_int8_or_ensemble_preset_names_its_missing_file(preset, tmp_path):
     model, _ = preset
     model.set_ensemble_members([model])

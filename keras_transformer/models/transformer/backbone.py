@@ -18,8 +18,21 @@ from keras_transformer.layers.torch_decoding_step import decoder_step
 from keras_transformer.presets import PresetIO
 from keras_transformer.presets import int8
 from keras_transformer.presets.layout import INT8_WEIGHTS_FILE
+from keras_transformer.utils.arguments import check_model_keywords
 
 POSITION_ENCODINGS = ("sinusoidal", "learned")
+
+# keras-hub's encoder-decoder backbones (BART, T5) name some of the
+# arguments otherwise; a model built with one of their names is refused
+# with this package's name for it.
+KERAS_HUB_NAMES = {
+    "hidden_dim": "d_model",
+    "intermediate_dim": "d_ff",
+    "num_encoder_layers": "num_layers",
+    "num_decoder_layers": "num_layers",
+    "key_value_dim": "key_dim",
+    "dropout_rate": "dropout",
+}
 
 
 @keras.saving.register_keras_serializable(package="keras_transformer")
@@ -116,6 +129,7 @@ class TransformerBackbone(PresetIO, keras_hub.models.Backbone):
         dtype=None,
         **kwargs,
     ):
+        check_model_keywords(type(self), kwargs, renamed=KERAS_HUB_NAMES)
         if position_encoding not in POSITION_ENCODINGS:
             raise ValueError(
                 f"Unknown position_encoding={position_encoding!r}; "

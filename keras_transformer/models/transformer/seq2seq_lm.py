@@ -34,6 +34,7 @@ from keras_transformer.presets.layout import ENSEMBLE_KEY
 from keras_transformer.presets.layout import STORAGE_KEY
 from keras_transformer.presets.registry import preset_metadata
 from keras_transformer.schedules import paper_optimizer
+from keras_transformer.utils.arguments import check_model_keywords
 
 
 @keras.saving.register_keras_serializable(package="keras_transformer")
@@ -74,6 +75,7 @@ class TransformerSeq2SeqLM(PresetIO, keras_hub.models.Seq2SeqLM):
     _compile_defaults_after_loading = True
 
     def __init__(self, backbone, preprocessor=None, **kwargs):
+        check_model_keywords(type(self), kwargs)
         # === Layers ===
         self.backbone = backbone
         self.preprocessor = preprocessor
