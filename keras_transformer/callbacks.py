@@ -215,6 +215,7 @@ def continue_from_checkpoint(backup_dir, checkpoint_dir, steps_per_epoch, initia
     after it.
     """
     if os.path.exists(backup_dir):  # a run killed before its end: `fit` resumes from its backup
+        _check_backup(backup_dir)
         print(f"Resuming the unfinished run from {backup_dir} (after epoch {finished_epochs(backup_dir)}).")
         return
     checkpoints = list_checkpoints(checkpoint_dir)
@@ -231,6 +232,25 @@ def continue_from_checkpoint(backup_dir, checkpoint_dir, steps_per_epoch, initia
         with open(os.path.join(partial, "training_metadata.json"), "w") as f:
             json.dump({"epoch": epoch, "batch": 0}, f)
     print(f"Continuing from {newest} (step {step}, after epoch {epoch}).")
+
+
+def _check_backup(backup_dir):
+    """Refuses a backup that a kill mid-write left damaged (Keras writes it
+    in place), naming the way on: the newest checkpoint."""
+    import h5py
+
+    try:
+        epochs = finished_epochs(backup_dir)
+        with h5py.File(os.path.join(backup_dir, "latest.weights.h5"), "r"):
+            pass
+    except Exception as error:  # h5py raises OSError, json ValueError or KeyError...
+        raise ValueError(
+            f"The backup of the unfinished run, {backup_dir}, is damaged ({type(error).__name__}: {error}). "
+            "Delete that directory to go on from the run's newest checkpoint instead (the epochs since it "
+            "are trained again)."
+        ) from None
+    if epochs < 0:
+        raise ValueError(f"The backup of the unfinished run, {backup_dir}, is damaged (epoch {epochs}).")
 
 
 def finished_epochs(backup_dir):

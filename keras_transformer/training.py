@@ -79,8 +79,18 @@ def _read_run(output_dir):
     run_file = os.path.join(output_dir, "run.json")
     if not os.path.exists(run_file):
         return {}
-    with open(run_file) as f:
-        return json.load(f)
+    try:
+        with open(run_file, encoding="utf-8") as f:
+            run = json.load(f)
+    except (ValueError, UnicodeDecodeError) as error:
+        run = error
+    if not isinstance(run, dict):
+        raise ValueError(
+            f"{run_file} is damaged ({run if isinstance(run, Exception) else 'not a JSON object'}): it records "
+            "how the run in that directory started, so the run cannot be resumed without it. Restore the "
+            "file, or choose a new output directory (the directory's checkpoints are left as they are)."
+        )
+    return run
 
 
 def _epoch_plan(num_batches, epochs, steps, previous_run):
@@ -294,7 +304,8 @@ def train_multi30k(output_dir, strategy=None, extra_callbacks=(), verbose="auto"
     if strategy is not None:
         run_info["devices"] = strategy.num_replicas
     if chief:
-        with open(os.path.join(output_dir, "run.json"), "w") as f:
+        # In place: a kill mid-write must not leave a truncated run.json.
+        with written_in_place(os.path.join(output_dir, "run.json")) as partial, open(partial, "w") as f:
             json.dump(run_info, f, indent=2)
     callbacks = [keras.callbacks.BackupAndRestore(backup)]
     if chief:

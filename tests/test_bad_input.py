@@ -330,6 +330,23 @@ def test_the_models_refuse_keywords_they_do_not_take(preset):
 
 
 @once
+def test_fit_evaluate_and_predict_say_what_data_they_take(preset):
+    # Checked before the data goes into tf.data, whose traceback buried the
+    # preprocessor's message (or which failed on lists of other lengths).
+    model, _ = preset
+    with pytest.raises(ValueError, match="^fit: .*takes a dict with keys 'encoder_text' .*got list as x and targets as y"):
+        model.fit(TEXTS, ["Ein Hund rennt."], epochs=1, verbose=0)
+    with pytest.raises(ValueError, match="^fit: encoder_text has 2 texts, decoder_text 1 text"):
+        model.fit({"encoder_text": TEXTS, "decoder_text": ["Ein Hund rennt."]}, epochs=1, verbose=0)
+    for method in (model.evaluate, model.predict):
+        with pytest.raises(ValueError, match="got list. To translate sources, call generate"):
+            method(TEXTS, verbose=0)
+    pairs = {"encoder_text": TEXTS, "decoder_text": ["Ein Hund rennt.", "Zwei Männer spielen Fußball."]}
+    assert len(model.evaluate(pairs, verbose=0)) == 2  # loss and accuracy
+    assert model.predict(pairs, verbose=0).shape[:2] == (2, 24)
+
+
+@once
 def test_an_incomplete_int8_or_ensemble_preset_names_its_missing_file(preset, tmp_path):
     model, _ = preset
     model.set_ensemble_members([model])

@@ -402,6 +402,37 @@ def test_a_tokenizer_left_by_a_failed_start_is_not_the_runs(tmp_path, multi30k_d
         _check_same_settings(str(tmp_path), {"vocabulary_size": 450}, {"vocabulary_size": 800}, None)
 
 
+@once
+def test_a_damaged_run_json_is_named_and_left_as_it_was(tmp_path, multi30k_dir):
+    for damaged in ('{"config": "small", "epo', "[1, 2]"):
+        (tmp_path / "run.json").write_text(damaged)
+        with pytest.raises(ValueError, match="run.json is damaged .*Restore the file, or choose a new output directory"):
+            train_multi30k(str(tmp_path), config="small", data_dir=multi30k_dir)
+        assert (tmp_path / "run.json").read_text() == damaged
+    assert sorted(os.listdir(tmp_path)) == ["run.json"]  # no tokenizer, no checkpoints
+
+
+@once
+def test_a_damaged_backup_is_named_with_the_way_on(tmp_path, capsys):
+    from keras_transformer.callbacks import continue_from_checkpoint
+
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
+    backup = tmp_path / "backup"
+    backup.mkdir()
+    model.save_weights(str(backup / "latest.weights.h5"))
+    (backup / "training_metadata.json").write_text(json.dumps({"epoch": 1, "batch": 0}))
+    continue_from_checkpoint(str(backup), str(tmp_path / "checkpoints"), 10)
+    assert "Resuming the unfinished run" in capsys.readouterr().out
+    whole = (backup / "latest.weights.h5").read_bytes()
+    for name, damaged in (("latest.weights.h5", whole[: len(whole) // 2]), ("training_metadata.json", b'{"epo')):
+        kept = (backup / name).read_bytes()
+        (backup / name).write_bytes(damaged)
+        with pytest.raises(ValueError, match="backup of the unfinished run, .*backup, is damaged .*Delete that directory"):
+            continue_from_checkpoint(str(backup), str(tmp_path / "checkpoints"), 10)
+        assert (backup / name).read_bytes() == damaged  # left for the user to look at
+        (backup / name).write_bytes(kept)
+
+
 def test_table_3_label_smoothing_rows_train_with_their_eps_ls(tmp_path, multi30k_dir):
     # Row D3 is eps_ls 0.0 (the backbone is base's): a run of it that
     # recorded the usual 0.1 is another run, refused before any work.

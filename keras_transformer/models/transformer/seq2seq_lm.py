@@ -138,6 +138,7 @@ class TransformerSeq2SeqLM(PresetIO, keras_hub.models.Seq2SeqLM):
         `token_budget_batches(...).dataset()`.
         """
         in_memory = isinstance(x, (dict, list, tuple, np.ndarray))
+        self._check_in_memory(x, y, "fit")
         validation_split = kwargs.pop("validation_split", 0.0) if in_memory else 0.0
         if in_memory and (shuffle or validation_split):
             import tensorflow as tf
@@ -150,6 +151,25 @@ class TransformerSeq2SeqLM(PresetIO, keras_hub.models.Seq2SeqLM):
                 samples = samples.shuffle(int(samples.cardinality()), reshuffle_each_iteration=True)
             x, y, sample_weight, batch_size = samples.batch(batch_size), None, None, None
         return super().fit(x, y, batch_size=batch_size, sample_weight=sample_weight, shuffle=False, **kwargs)
+
+    def evaluate(self, x=None, y=None, **kwargs):
+        self._check_in_memory(x, y, "evaluate")
+        return super().evaluate(x, y, **kwargs)
+
+    def predict(self, x, **kwargs):
+        self._check_in_memory(x, None, "predict")
+        return super().predict(x, **kwargs)
+
+    def _check_in_memory(self, x, y, method):
+        """The preprocessor's checks of sentence pairs held in memory, run
+        here rather than inside `tf.data` (whose traceback buries them)."""
+        if self.preprocessor is None or not isinstance(x, (dict, list, tuple, np.ndarray, str)):
+            return
+        try:
+            self.preprocessor.check_inputs(x, y)
+        except ValueError as error:
+            to_translate = " To translate sources, call generate(sources)." if method != "fit" else ""
+            raise ValueError(f"{method}: {error}{to_translate}") from None
 
     def make_train_function(self, force=False):
         """Keras' training function (for `fit` and `train_on_batch`), with

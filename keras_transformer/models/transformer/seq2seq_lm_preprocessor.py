@@ -155,13 +155,27 @@ class TransformerSeq2SeqLMPreprocessor(PresetIO, keras_hub.models.Seq2SeqLMPrepr
         return self.special_token_ids.frame_target(self.target_token_ids([text])[0])[:-1]
 
     def call(self, x, y=None, sample_weight=None, **kwargs):
-        if isinstance(x, dict) and set(INPUT_NAMES) <= set(x):
+        if self.check_inputs(x, y):
             return keras.utils.pack_x_y_sample_weight(x, y, sample_weight)
+        if hasattr(self.tokenizer, "tokenize_target"):
+            return self._call_with_target_vocabulary(x, **kwargs)
+        return super().call(x, y=y, sample_weight=sample_weight, **kwargs)
+
+    def check_inputs(self, x, y=None):
+        """Refuses what `call` cannot take, with what it takes; True for
+        inputs that are tokenized already (they pass through).
+
+        `TransformerSeq2SeqLM.fit`, `evaluate` and `predict` call it on data
+        held in memory before it goes into `tf.data`, whose traceback
+        would bury the message."""
+        if isinstance(x, dict) and set(INPUT_NAMES) <= set(x):
+            return True
         if not isinstance(x, dict) or not {"encoder_text", "decoder_text"} <= set(x):
             raise ValueError(
                 "TransformerSeq2SeqLMPreprocessor takes a dict with keys "
                 "'encoder_text' (sources) and 'decoder_text' (targets), or "
-                f"already tokenized inputs with keys {INPUT_NAMES}; got {_describe(x)}."
+                f"already tokenized inputs with keys {INPUT_NAMES}; got {_describe(x)}"
+                + (" as x and targets as y" if y is not None else "") + "."
             )
         if y is not None:
             raise ValueError(
@@ -169,9 +183,7 @@ class TransformerSeq2SeqLMPreprocessor(PresetIO, keras_hub.models.Seq2SeqLMPrepr
                 "target tokens shifted by one."
             )
         _check_pairs(x["encoder_text"], x["decoder_text"])
-        if hasattr(self.tokenizer, "tokenize_target"):
-            return self._call_with_target_vocabulary(x, **kwargs)
-        return super().call(x, y=y, sample_weight=sample_weight, **kwargs)
+        return False
 
     @preprocessing_function
     def _call_with_target_vocabulary(self, x, encoder_sequence_length=None, decoder_sequence_length=None):
