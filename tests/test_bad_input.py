@@ -347,6 +347,34 @@ def test_fit_evaluate_and_predict_say_what_data_they_take(preset):
 
 
 @once
+def test_detokenize_names_an_id_outside_the_vocabulary(small_tokenizer):
+    size = small_tokenizer.vocabulary_size()
+    ids = small_tokenizer.tokenize(TEXTS)
+    assert small_tokenizer.detokenize(ids) == TEXTS
+    for bad, given in ((size, [[5, size]]), (-1, [-1, 5]), (size + 3, [list(ids[0]), [5, size + 3]])):
+        with pytest.raises(ValueError, match=f"Token id {bad} is outside the vocabulary of {size} ids .0 to {size - 1}"):
+            small_tokenizer.detokenize(given)
+
+
+def test_a_sequence_longer_than_the_learned_positions_is_refused():
+    # keras-hub's position table gave each backend's own broadcast error.
+    import numpy as np
+
+    backbone = TransformerBackbone(
+        50, num_layers=1, num_heads=2, d_model=16, d_ff=32, max_sequence_length=8, position_encoding="learned"
+    )
+
+    def inputs(length):
+        ids = np.ones((1, length), "int32")
+        return {"encoder_token_ids": ids, "encoder_padding_mask": ids, "decoder_token_ids": ids,
+                "decoder_padding_mask": ids}
+
+    assert tuple(backbone(inputs(8))["decoder_sequence_output"].shape) == (1, 8, 16)
+    with pytest.raises(ValueError, match="A sequence of 12 positions is longer than the 8 learned positions"):
+        backbone(inputs(12))
+
+
+@once
 def test_an_incomplete_int8_or_ensemble_preset_names_its_missing_file(preset, tmp_path):
     model, _ = preset
     model.set_ensemble_members([model])

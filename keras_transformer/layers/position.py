@@ -75,3 +75,15 @@ class LearnedPositionEmbedding(DirectCall, keras_hub.layers.PositionEmbedding):
     >>> tuple(layer(np.zeros((2, 10, 32), "float32")).shape)
     (2, 10, 32)
     """
+
+    def call(self, inputs, start_index=0, positions=None):
+        length = inputs.shape[-2]
+        if positions is None and isinstance(length, int) and isinstance(start_index, int):
+            if start_index + length > self.sequence_length:
+                # keras-hub's slice of the table fails with a broadcast error.
+                raise ValueError(
+                    f"A sequence of {start_index + length} positions is longer than the "
+                    f"{self.sequence_length} learned positions (max_sequence_length): cut the "
+                    "sequences, or build a model with a larger max_sequence_length."
+                )
+        return super().call(inputs, start_index=start_index, positions=positions)

@@ -106,6 +106,7 @@ class TransformerTokenizer(PresetIO, keras_hub.tokenizers.SentencePieceTokenizer
     def _detokenize_spm(self, inputs):
         id_lists, batched = self._canonicalize_detokenize_spm_inputs(inputs)
         self._maybe_initialized_spm()
+        _check_ids_in_vocabulary(id_lists, self._sentence_piece_spm.GetPieceSize())
         decode = self._sentence_piece_spm.Decode
         texts = decode(id_lists) if len(id_lists) >= FEW_TEXTS else [decode(ids) for ids in id_lists]
         return texts if batched else texts[0]
@@ -150,6 +151,18 @@ class TransformerTokenizer(PresetIO, keras_hub.tokenizers.SentencePieceTokenizer
                 ) from error
             raise
         return cls(proto=model.getvalue(), **kwargs)
+
+
+def _check_ids_in_vocabulary(id_lists, size):
+    """Names an id outside the vocabulary (SentencePiece says "piece id is
+    out of range", without the id)."""
+    for ids in id_lists:
+        if len(ids) and (min(ids) < 0 or max(ids) >= size):
+            bad = next(i for i in ids if not 0 <= i < size)
+            raise ValueError(
+                f"Token id {bad} is outside the vocabulary of {size} ids (0 to {size - 1}): "
+                "detokenize the ids of a model that uses this tokenizer."
+            )
 
 
 def _train_sentencepiece(sentencepiece, texts, model, vocabulary_size, model_type, max_sentences):
