@@ -326,6 +326,7 @@ def test_the_models_refuse_keywords_they_do_not_take(preset):
         TransformerSeq2SeqLM(model.backbone, tokenizer=model.preprocessor.tokenizer)
     # What keras.Model takes still passes, and configs still round-trip.
     assert TransformerSeq2SeqLM(model.backbone, name="named", trainable=False).name == "named"
+    assert TransformerSeq2SeqLM(model.backbone, compile=False).compiled is False  # keras-hub Task's keyword
     assert TransformerBackbone.from_config(model.backbone.get_config()).d_model == 32
 
 

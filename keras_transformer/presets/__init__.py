@@ -28,7 +28,6 @@ so that a save that fails halfway leaves the directory as it was.
 """
 
 import difflib
-import inspect
 import os
 
 from keras_transformer.presets import int8
@@ -58,6 +57,7 @@ from keras_transformer.presets.registry import keras_hub_registry
 from keras_transformer.presets.registry import list_presets
 from keras_transformer.presets.registry import preset_metadata
 from keras_transformer.presets.registry import read_metadata
+from keras_transformer.utils.arguments import constructor_keywords
 from keras_transformer.presets.registry import read_preset_file
 from keras_transformer.presets.registry import resolve
 from keras_transformer.presets.saving import saving
@@ -180,14 +180,7 @@ def _check_keywords(cls, kwargs):
     `cls` takes: keras-hub passes such a keyword into the config it builds
     from, where it is dropped without a word (a typo of `load_weights`
     would load them)."""
-    known = {*_LOADER_KEYWORDS, *getattr(cls, "preset_keywords", ())}
-    for klass in cls.__mro__:
-        init = klass.__dict__.get("__init__")
-        if init is not None:
-            known.update(
-                name for name, parameter in inspect.signature(init).parameters.items()
-                if parameter.kind in (parameter.POSITIONAL_OR_KEYWORD, parameter.KEYWORD_ONLY)
-            )
+    known = {*_LOADER_KEYWORDS, *getattr(cls, "preset_keywords", ()), *constructor_keywords(cls)}
     unknown = sorted(set(kwargs) - known)
     if unknown:
         close = difflib.get_close_matches(unknown[0], sorted(known), n=1)

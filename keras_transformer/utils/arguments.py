@@ -42,28 +42,36 @@ non_negative_float = bounded(finite(float), lambda value: value >= 0, "0 or more
 probability = bounded(float, lambda value: 0 <= value < 1, "in [0, 1)")
 
 
-# What `keras.Model`'s functional constructor takes besides inputs and
-# outputs. It drops any other keyword without a word, so the models built
-# on it check their `**kwargs` themselves (`check_model_keywords`).
-MODEL_KEYWORDS = ("name", "trainable", "dtype")
+
+def constructor_keywords(cls):
+    """The keyword names that some `__init__` of `cls`'s hierarchy takes
+    (keras-hub's `Task` takes `compile`, Keras' `Layer` `trainable`...)."""
+    known = set()
+    for klass in cls.__mro__:
+        init = klass.__dict__.get("__init__")
+        if init is not None:
+            known.update(
+                name for name, parameter in inspect.signature(init).parameters.items()
+                if parameter.kind in (parameter.POSITIONAL_OR_KEYWORD, parameter.KEYWORD_ONLY)
+            )
+    known.discard("self")
+    return known
 
 
 def check_model_keywords(cls, kwargs, renamed=None):
-    """Refuses a keyword that neither `cls.__init__` nor `keras.Model`
-    takes, naming the argument meant: `renamed` maps other libraries'
-    names (keras-hub's `hidden_dim`) to this package's, and a typo gets
-    the closest known name."""
-    renamed = renamed or {}
-    unknown = sorted(set(kwargs) - set(MODEL_KEYWORDS))
+    """Refuses a keyword that no constructor of `cls`'s hierarchy takes:
+    `keras.Model`'s functional constructor drops such a keyword without a
+    word. The error names the argument meant: `renamed` maps other
+    libraries' names (keras-hub's `hidden_dim`) to this package's, and a
+    typo gets the closest known name."""
+    known = constructor_keywords(cls)
+    unknown = sorted(set(kwargs) - known)
     if not unknown:
         return
     name = unknown[0]
-    known = [
-        parameter for parameter in inspect.signature(cls.__init__).parameters
-        if parameter not in ("self", "kwargs")
-    ]
-    meant = renamed.get(name) or next(iter(difflib.get_close_matches(name, known, n=1)), None)
+    meant = (renamed or {}).get(name) or next(iter(difflib.get_close_matches(name, sorted(known), n=1)), None)
+    own = [parameter for parameter in inspect.signature(cls.__init__).parameters if parameter not in ("self", "kwargs")]
     raise TypeError(
         f"{cls.__name__}() got an unexpected keyword argument {name!r}"
-        + (f"; did you mean {meant!r}?" if meant else f"; it takes {', '.join(known)}.")
+        + (f"; did you mean {meant!r}?" if meant else f"; it takes {', '.join(own)}.")
     )
