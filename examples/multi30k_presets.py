@@ -33,6 +33,11 @@ en-de with `--pair en-de`):
         --from-preset stage-1/transformer_multi30k_de_en
     python examples/multi30k_presets.py package --pair de-en \\
         --data-dir PATH/TO/multi30k --run-dir runs/multi30k-de-en-longer
+
+A stage takes hours on a CPU. To try the steps first, `train --steps 20`
+trains 20 steps only, and `package --output-root somewhere-else --limit 50`
+scores its model on 50 sentences of each test split (neither writes over
+the shipped presets).
 """
 
 import argparse
@@ -42,6 +47,8 @@ import os
 import platform
 import shutil
 import tempfile
+
+from keras_transformer.utils.arguments import positive_int
 
 PAIRS = {"en-de": ("en", "de"), "de-en": ("de", "en"), "en-fr": ("en", "fr")}
 SETTINGS = dict(
@@ -72,6 +79,8 @@ def train_command(pair, run=None):
     settings = {**SETTINGS, "seed": run.get("seed", SETTINGS["seed"])}
     if run.get("dtype") not in (None, "float32"):
         settings["dtype"] = run["dtype"]
+    if run.get("steps"):
+        settings["steps"] = run["steps"]
     options = " ".join(
         f"--{key.replace('_', '-')} {value}" for key, value in settings.items() if key != "config"
     )
@@ -81,21 +90,24 @@ def train_command(pair, run=None):
     )
 
 
-def longer_settings(pair, epochs=None):
+def longer_settings(pair, epochs=None, steps=None):
     """The second stage's settings: the first's, for `epochs` (default:
-    `LONGER_EPOCHS[pair]`) more epochs; the architecture and vocabulary come
-    from the first stage."""
+    `LONGER_EPOCHS[pair]`) more epochs, or `steps` steps if given; the
+    architecture and vocabulary come from the first stage."""
     skip = ("config", "vocabulary_size")
     epochs = epochs or LONGER_EPOCHS[pair]
-    return {**{k: v for k, v in SETTINGS.items() if k not in skip}, "epochs": epochs}
+    settings = {**{k: v for k, v in SETTINGS.items() if k not in skip}, "epochs": epochs}
+    if steps:
+        settings["steps"] = steps
+    return settings
 
 
-def longer_command(pair, epochs=None, start="STAGE1", data="DATA", run="RUN2"):
+def longer_command(pair, epochs=None, start="STAGE1", data="DATA", run="RUN2", steps=None):
     """The `keras-transformer train` command of a later stage: from the
     preset `start`, on the data in `data`, into `run`."""
     source, target = PAIRS[pair]
     options = " ".join(
-        f"--{key.replace('_', '-')} {value}" for key, value in longer_settings(pair, epochs).items()
+        f"--{key.replace('_', '-')} {value}" for key, value in longer_settings(pair, epochs, steps).items()
     )
     return (
         f"keras-transformer train --from-preset {start} --source {source} --target {target} "
@@ -127,9 +139,10 @@ def train(args):
             raise SystemExit(f"{args.pair} has no second stage; choose one of {sorted(LONGER_EPOCHS)}.")
         first_stage_record(args.from_preset)
         train_multi30k(args.run_dir, source=source, target=target, data_dir=args.data_dir,
-                       initial_preset=args.from_preset, **longer_settings(args.pair))
+                       initial_preset=args.from_preset, **longer_settings(args.pair, steps=args.steps))
     else:
-        train_multi30k(args.run_dir, source=source, target=target, data_dir=args.data_dir, **SETTINGS)
+        train_multi30k(args.run_dir, source=source, target=target, data_dir=args.data_dir, steps=args.steps,
+                       **SETTINGS)
 
 
 def distill_command(pair, teachers):
@@ -232,7 +245,7 @@ def training_record(args, run):
         f"--output-root STAGE1_ROOT"
     )
     stage.update(
-        command=longer_command(args.pair, run["epochs"]),
+        command=longer_command(args.pair, run["epochs"], steps=run.get("steps")),
         example=stage["example"].replace("RUN", "RUN2") + " --from-preset STAGE1",
         started_from=f"STAGE1 = STAGE1_ROOT/{preset_name(args.pair)}: the previous stage packaged by "
                      f"`{package_first}` (float16 weights)",
@@ -242,7 +255,8 @@ def training_record(args, run):
             distillation = json.load(f)
         stage.update(
             command=distillation["command"] + " && "
-            + longer_command(args.pair, run["epochs"], start="PREVIOUS", data="DISTILLED", run="RUN3"),
+            + longer_command(args.pair, run["epochs"], start="PREVIOUS", data="DISTILLED", run="RUN3",
+                             steps=run.get("steps")),
             example=f"python examples/multi30k_presets.py train --pair {args.pair} --data-dir DISTILLED "
                     "--run-dir RUN3 --from-preset PREVIOUS",
             started_from=f"PREVIOUS = {preset_name(args.pair)} as trained by the stages before",
@@ -299,11 +313,15 @@ def package(args):
 
     source, target = PAIRS[args.pair]
     name = preset_name(args.pair)
-    if args.limit and os.path.realpath(args.output_root) == os.path.realpath(PACKAGE_PRESETS):
+    shipped = os.path.realpath(args.output_root) == os.path.realpath(PACKAGE_PRESETS)
+    if args.limit and shipped:
         raise SystemExit("--limit scores a few sentences only (a smoke test): give another --output-root, "
                          "so that the shipped preset keeps its scores.")
     with open(os.path.join(args.run_dir, "run.json")) as f:
         run = json.load(f)
+    if run.get("steps") and shipped:
+        raise SystemExit(f"{args.run_dir} was trained with --steps {run['steps']} (a shortened run): give another "
+                         "--output-root, so that the shipped preset is not replaced by it.")
     # Read before the preset is written: a second stage's first may be the
     # preset that this call replaces.
     training = training_record(args, run)
@@ -366,6 +384,9 @@ def main():
     parser.add_argument("--hardware", help="what trained the run, for the metadata")
     parser.add_argument("--from-preset", help="`train`: a second stage, from this packaged first stage")
     parser.add_argument("--limit", type=int, help="score only the first N test sentences (a smoke test)")
+    parser.add_argument("--steps", type=positive_int, help="`train`: stop after N steps in all, rounded up to whole "
+                        "epochs (a shortened run, for a smoke test; `package` writes it only elsewhere "
+                        "than the shipped presets)")
     parser.add_argument("--teachers", nargs="+", help="`distill`: the presets of the teacher ensemble, the "
                         "stage to go on from first")
     parser.add_argument("--distilled-data", help="`package`: the run trained on this `distill` output")

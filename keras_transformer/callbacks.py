@@ -19,7 +19,7 @@ import warnings
 import keras
 import numpy as np
 
-from keras_transformer.utils.files import written_in_place
+from keras_transformer.utils.files import written_atomically
 
 _PATTERN = "step-{step:09d}.weights.h5"
 _STEP = re.compile(r"step-(\d+)\.weights\.h5")
@@ -85,7 +85,7 @@ class KeepLastCheckpoints(keras.callbacks.Callback):
         step = self._step()
         path = os.path.join(self.directory, _PATTERN.format(step=step))
         # A kill mid-write leaves no truncated checkpoint under a real name.
-        with written_in_place(path) as partial:
+        with written_atomically(path) as partial:
             self.model.save_weights(partial, overwrite=True)
         checkpoints = list_checkpoints(self.directory)
         later = [p for p in checkpoints if checkpoint_step(p) > step]
@@ -226,7 +226,7 @@ def continue_from_checkpoint(backup_dir, checkpoint_dir, steps_per_epoch, initia
     epoch = (step - initial_step) // steps_per_epoch
     # A kill halfway leaves no empty backup (which would restart the run
     # from its first epoch).
-    with written_in_place(backup_dir) as partial:
+    with written_atomically(backup_dir) as partial:
         os.makedirs(partial)
         shutil.copyfile(newest, os.path.join(partial, "latest.weights.h5"))
         with open(os.path.join(partial, "training_metadata.json"), "w") as f:
@@ -235,22 +235,34 @@ def continue_from_checkpoint(backup_dir, checkpoint_dir, steps_per_epoch, initia
 
 
 def _check_backup(backup_dir):
-    """Refuses a backup that a kill mid-write left damaged (Keras writes it
-    in place), naming the way on: the newest checkpoint."""
+    """Refuses a backup that a kill mid-write left damaged (Keras overwrites
+    it where it lies), naming the way on: the newest checkpoint."""
     import h5py
 
     try:
         epochs = finished_epochs(backup_dir)
         with h5py.File(os.path.join(backup_dir, "latest.weights.h5"), "r"):
             pass
+        problem = None if epochs >= 0 else f"epoch {epochs}"
     except Exception as error:  # h5py raises OSError, json ValueError or KeyError...
-        raise ValueError(
-            f"The backup of the unfinished run, {backup_dir}, is damaged ({type(error).__name__}: {error}). "
-            "Delete that directory to go on from the run's newest checkpoint instead (the epochs since it "
-            "are trained again)."
-        ) from None
-    if epochs < 0:
-        raise ValueError(f"The backup of the unfinished run, {backup_dir}, is damaged (epoch {epochs}).")
+        problem = f"{type(error).__name__}: {error}"
+    if problem is None:
+        return
+    # A run of several processes keeps one backup each: all of them go, so
+    # that every process goes on from the same checkpoint.
+    parent = os.path.dirname(os.path.abspath(backup_dir))
+    backups = sorted(
+        os.path.join(parent, name)
+        for name in os.listdir(parent)
+        if name == "backup" or name.startswith("backup-process-")
+    )
+    if os.path.abspath(backup_dir) not in backups:
+        backups = [backup_dir]
+    raise ValueError(
+        f"The backup of the unfinished run, {backup_dir}, is damaged ({problem}). Delete "
+        + (f"the run's backups ({', '.join(backups)})" if len(backups) > 1 else "that directory")
+        + " to go on from the run's newest checkpoint instead (the epochs since it are trained again)."
+    )
 
 
 def finished_epochs(backup_dir):

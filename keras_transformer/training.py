@@ -35,7 +35,7 @@ from keras_transformer.schedules import paper_optimizer
 from keras_transformer.train_config import PRESET_OVERRIDES
 from keras_transformer.train_config import TrainConfig
 from keras_transformer.train_config import fixed_setting_names
-from keras_transformer.utils.files import written_in_place
+from keras_transformer.utils.files import written_atomically
 from keras_transformer.utils.memory import reuse_freed_memory
 
 TOKENIZER_FILE = "tokenizer.spm"
@@ -55,7 +55,7 @@ def _tokenizer(output_dir, run, texts, vocabulary_size, algorithm, save=True):
     tokenizer = train_tokenizer(texts, vocabulary_size, algorithm)
     if not save:
         return tokenizer
-    with written_in_place(path) as partial, open(partial, "wb") as f:
+    with written_atomically(path) as partial, open(partial, "wb") as f:
         f.write(tokenizer.proto)
     return tokenizer
 
@@ -205,7 +205,7 @@ def _initial_preset(preset, output_dir, run, source, target, save=True):
     training = metadata.get("training") or None
     steps = _preset_steps(preset, training or {})
     if save:  # after the checks that may refuse the preset: nothing left behind
-        with written_in_place(path) as partial, open(partial, "wb") as f:
+        with written_atomically(path) as partial, open(partial, "wb") as f:
             f.write(tokenizer.proto)
     return tokenizer, steps, training
 
@@ -304,8 +304,9 @@ def train_multi30k(output_dir, strategy=None, extra_callbacks=(), verbose="auto"
     if strategy is not None:
         run_info["devices"] = strategy.num_replicas
     if chief:
-        # In place: a kill mid-write must not leave a truncated run.json.
-        with written_in_place(os.path.join(output_dir, "run.json")) as partial, open(partial, "w") as f:
+        # Written aside and moved into place: a kill mid-write must not
+        # leave a truncated run.json.
+        with written_atomically(os.path.join(output_dir, "run.json")) as partial, open(partial, "w") as f:
             json.dump(run_info, f, indent=2)
     callbacks = [keras.callbacks.BackupAndRestore(backup)]
     if chief:
@@ -422,6 +423,7 @@ def _run_record(config, model, scratch_backbone, initial_training, train_batches
         "vocabulary_size": model.backbone.vocabulary_size,
         "epochs": epochs,
         "steps_per_epoch": steps_per_epoch,
+        "steps": config.steps,  # asked for (None: `epochs` whole passes); not kept across reruns
         "keep_checkpoints": config.keep_checkpoints,
         "padding_fraction": round(train_batches.padding_fraction(), 4),
         "backend": keras.config.backend(),

@@ -327,6 +327,9 @@ def test_the_models_refuse_keywords_they_do_not_take(preset):
     # What keras.Model takes still passes, and configs still round-trip.
     assert TransformerSeq2SeqLM(model.backbone, name="named", trainable=False).name == "named"
     assert TransformerSeq2SeqLM(model.backbone, compile=False).compiled is False  # keras-hub Task's keyword
+    _, directory = preset
+    assert TransformerSeq2SeqLM.from_preset(directory, compile=False).compiled is False
+    assert TransformerSeq2SeqLM.from_preset(directory).compiled is True
     assert TransformerBackbone.from_config(model.backbone.get_config()).d_model == 32
 
 
@@ -342,9 +345,19 @@ def test_fit_evaluate_and_predict_say_what_data_they_take(preset):
     for method in (model.evaluate, model.predict):
         with pytest.raises(ValueError, match="got list. To translate sources, call generate"):
             method(TEXTS, verbose=0)
+    # A dict with the wrong keys is not sources to translate: no such hint.
+    with pytest.raises(ValueError, match="got a dict with keys \\['source'\\]\\.$"):
+        model.evaluate({"source": TEXTS}, verbose=0)
     pairs = {"encoder_text": TEXTS, "decoder_text": ["Ein Hund rennt.", "Zwei Männer spielen Fußball."]}
-    assert len(model.evaluate(pairs, verbose=0)) == 2  # loss and accuracy
-    assert model.predict(pairs, verbose=0).shape[:2] == (2, 24)
+    with pytest.raises(ValueError, match="^fit: validation_data: .*got list as x and targets as y"):
+        model.fit(pairs, epochs=1, verbose=0, validation_data=(TEXTS, ["Ein Hund rennt."]))
+    with pytest.raises(ValueError, match="^fit: validation_data: encoder_text has 2 texts, decoder_text 1"):
+        model.fit(pairs, epochs=1, verbose=0, validation_data={"encoder_text": TEXTS, "decoder_text": ["Ein Hund."]})
+    # keras-hub's positional order: x, y, batch_size, sample_weight.
+    assert len(model.evaluate(pairs, None, 2, verbose=0)) == 2  # loss and accuracy
+    assert model.predict(pairs, 2, verbose=0).shape[:2] == (2, 24)
+    history = model.fit(pairs, None, 2, None, pairs, epochs=1, verbose=0)
+    assert "val_loss" in history.history
 
 
 @once

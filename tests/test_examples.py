@@ -61,6 +61,21 @@ def test_the_first_stage_command_names_the_seed_and_dtype_the_run_used():
     )
     command = presets_example.train_command("en-de", {"seed": 1, "dtype": "mixed_bfloat16"})
     assert "--seed 1 --dtype mixed_bfloat16 " in command
+    # A shortened run (train --steps) says so in its command.
+    assert "--steps 20 " in presets_example.train_command("en-de", {"steps": 20})
+    assert "--steps 20 " in presets_example.longer_command("en-de", 3, steps=20)
+    assert "--steps" not in presets_example.longer_command("en-de", 3)
+
+
+def test_a_shortened_run_is_not_packaged_over_the_shipped_presets(tmp_path):
+    import pytest
+
+    presets_example = _load_example("multi30k_presets")
+    (tmp_path / "run.json").write_text(json.dumps({"steps": 20, "epochs": 1, "steps_per_epoch": 20}))
+    args = argparse.Namespace(pair="en-de", run_dir=str(tmp_path), output_root=presets_example.PACKAGE_PRESETS,
+                              limit=None, hardware=None, distilled_data=None, data_dir=None)
+    with pytest.raises(SystemExit, match="trained with --steps 20 .a shortened run.: give another --output-root"):
+        presets_example.package(args)
 
 
 def test_a_distilled_stage_records_its_teachers_and_its_data(tmp_path):

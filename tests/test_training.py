@@ -431,6 +431,16 @@ def test_a_damaged_backup_is_named_with_the_way_on(tmp_path, capsys):
             continue_from_checkpoint(str(backup), str(tmp_path / "checkpoints"), 10)
         assert (backup / name).read_bytes() == damaged  # left for the user to look at
         (backup / name).write_bytes(kept)
+    # A negative epoch is damage too, with the same way on.
+    (backup / "training_metadata.json").write_text(json.dumps({"epoch": -2, "batch": 0}))
+    with pytest.raises(ValueError, match="is damaged .epoch -2.. Delete that directory to go on"):
+        continue_from_checkpoint(str(backup), str(tmp_path / "checkpoints"), 10)
+    # A run of several processes keeps a backup each: all of them go, so
+    # that every process goes on from the same checkpoint.
+    (tmp_path / "backup-process-1").mkdir()
+    (tmp_path / "backup-process-1" / "training_metadata.json").write_text(json.dumps({"epoch": 1, "batch": 0}))
+    with pytest.raises(ValueError, match="Delete the run's backups .*backup, .*backup-process-1. to go on"):
+        continue_from_checkpoint(str(tmp_path / "backup-process-1"), str(tmp_path / "checkpoints"), 10)
 
 
 def test_table_3_label_smoothing_rows_train_with_their_eps_ls(tmp_path, multi30k_dir):

@@ -113,7 +113,7 @@ class PresetIO:
         backbone = getattr(loaded, "backbone", loaded)
         if load_weights and "://" not in directory and isinstance(backbone, keras_hub.models.Backbone):
             check_loaded(directory, backbone)
-        if getattr(loaded, "_compile_defaults_after_loading", False):
+        if kwargs.get("compile", True) and getattr(loaded, "_compile_defaults_after_loading", False):
             # keras-hub compiles a task when it builds it, before it loads
             # the tokenizer's vocabulary: the default loss must ignore the
             # vocabulary's padding id, known only now.

@@ -56,7 +56,7 @@ def staging_directory(target, purpose="writing"):
 
 
 @contextlib.contextmanager
-def written_in_place(path):
+def written_atomically(path):
     """A temporary name beside `path` (a file or a directory) to write to;
     it takes `path`'s place when the block ends without an error, so that a
     kill or an error mid-write leaves nothing truncated under the real name.
@@ -65,7 +65,7 @@ def written_in_place(path):
 
     >>> import os, tempfile
     >>> root = tempfile.mkdtemp()
-    >>> with written_in_place(os.path.join(root, "a.txt")) as partial:
+    >>> with written_atomically(os.path.join(root, "a.txt")) as partial:
     ...     _ = open(partial, "w").write("whole")
     >>> os.listdir(root), open(os.path.join(root, "a.txt")).read()
     (['a.txt'], 'whole')

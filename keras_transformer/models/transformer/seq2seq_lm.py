@@ -125,7 +125,17 @@ class TransformerSeq2SeqLM(PresetIO, keras_hub.models.Seq2SeqLM):
             **kwargs,
         )
 
-    def fit(self, x=None, y=None, batch_size=None, sample_weight=None, shuffle=True, **kwargs):
+    def fit(
+        self,
+        x=None,
+        y=None,
+        batch_size=None,
+        sample_weight=None,
+        validation_data=None,
+        validation_split=None,
+        shuffle=True,
+        **kwargs,
+    ):
         """`keras.Model.fit`, shuffling data held in memory every epoch.
 
         keras-hub batches strings and arrays in the order given, the same
@@ -139,37 +149,62 @@ class TransformerSeq2SeqLM(PresetIO, keras_hub.models.Seq2SeqLM):
         """
         in_memory = isinstance(x, (dict, list, tuple, np.ndarray))
         self._check_in_memory(x, y, "fit")
-        validation_split = kwargs.pop("validation_split", 0.0) if in_memory else 0.0
+        self._check_validation_data(validation_data)
         if in_memory and (shuffle or validation_split):
             import tensorflow as tf
 
             samples = tf.data.Dataset.from_tensor_slices(keras.utils.pack_x_y_sample_weight(x, y, sample_weight))
             batch_size = batch_size or 32
-            if validation_split and kwargs.get("validation_data") is None:
-                samples, kwargs["validation_data"] = _split_off_validation(samples, validation_split, batch_size)
+            if validation_split and validation_data is None:
+                samples, validation_data = _split_off_validation(samples, validation_split, batch_size)
             if shuffle:
                 samples = samples.shuffle(int(samples.cardinality()), reshuffle_each_iteration=True)
             x, y, sample_weight, batch_size = samples.batch(batch_size), None, None, None
-        return super().fit(x, y, batch_size=batch_size, sample_weight=sample_weight, shuffle=False, **kwargs)
+            validation_split = None
+        return super().fit(
+            x,
+            y,
+            batch_size=batch_size,
+            sample_weight=sample_weight,
+            validation_data=validation_data,
+            validation_split=validation_split,
+            shuffle=False,
+            **kwargs,
+        )
 
-    def evaluate(self, x=None, y=None, **kwargs):
+    def evaluate(self, x=None, y=None, *args, **kwargs):
         self._check_in_memory(x, y, "evaluate")
-        return super().evaluate(x, y, **kwargs)
+        return super().evaluate(x, y, *args, **kwargs)
 
-    def predict(self, x, **kwargs):
+    def predict(self, x=None, *args, **kwargs):
         self._check_in_memory(x, None, "predict")
-        return super().predict(x, **kwargs)
+        return super().predict(x, *args, **kwargs)
 
     def _check_in_memory(self, x, y, method):
         """The preprocessor's checks of sentence pairs held in memory, run
         here rather than inside `tf.data` (whose traceback buries them)."""
-        if self.preprocessor is None or not isinstance(x, (dict, list, tuple, np.ndarray, str)):
+        check_inputs = getattr(self.preprocessor, "check_inputs", None)
+        if check_inputs is None or not isinstance(x, (dict, list, tuple, np.ndarray, str)):
             return
         try:
-            self.preprocessor.check_inputs(x, y)
+            check_inputs(x, y)
         except ValueError as error:
-            to_translate = " To translate sources, call generate(sources)." if method != "fit" else ""
-            raise ValueError(f"{method}: {error}{to_translate}") from None
+            # Sources alone, not sentence pairs: perhaps meant for translation.
+            to_translate = method != "fit" and not isinstance(x, dict) and y is None
+            hint = " To translate sources, call generate(sources)." if to_translate else ""
+            raise ValueError(f"{method}: {error}{hint}") from None
+
+    def _check_validation_data(self, validation_data):
+        """`fit`'s `validation_data` held in memory: a dict of sentence
+        pairs, or Keras' `(x, y)` / `(x, y, sample_weight)` tuple."""
+        if isinstance(validation_data, tuple) and 1 <= len(validation_data) <= 3:
+            x, y, _ = keras.utils.unpack_x_y_sample_weight(validation_data)
+        else:
+            x, y = validation_data, None
+        try:
+            self._check_in_memory(x, y, "fit")
+        except ValueError as error:
+            raise ValueError(str(error).replace("fit: ", "fit: validation_data: ", 1)) from None
 
     def make_train_function(self, force=False):
         """Keras' training function (for `fit` and `train_on_batch`), with
