@@ -82,13 +82,14 @@ def _read_run(output_dir):
     try:
         with open(run_file, encoding="utf-8") as f:
             run = json.load(f)
-    except (ValueError, UnicodeDecodeError) as error:
-        run = error
-    if not isinstance(run, dict):
+        problem = None if isinstance(run, dict) else "not a JSON object"
+    except ValueError as error:  # JSON's errors and UnicodeDecodeError
+        problem = str(error)
+    if problem is not None:
         raise ValueError(
-            f"{run_file} is damaged ({run if isinstance(run, Exception) else 'not a JSON object'}): it records "
-            "how the run in that directory started, so the run cannot be resumed without it. Restore the "
-            "file, or choose a new output directory (the directory's checkpoints are left as they are)."
+            f"{run_file} is damaged ({problem}): it records how the run in that directory started, so the "
+            "run cannot be resumed without it. Restore the file, or choose a new output directory (the "
+            "directory's checkpoints are left as they are)."
         )
     return run
 
