@@ -358,6 +358,9 @@ def test_fit_evaluate_and_predict_say_what_data_they_take(preset):
     assert model.predict(pairs, 2, verbose=0).shape[:2] == (2, 24)
     history = model.fit(pairs, None, 2, None, pairs, epochs=1, verbose=0)
     assert "val_loss" in history.history
+    assert "val_loss" in model.fit(pairs, epochs=1, verbose=0, validation_data=[pairs]).history  # a list, as Keras
+    with pytest.raises(ValueError, match="give shuffle by name"):
+        model.fit(pairs, None, 2, None, False, epochs=1, verbose=0)
 
 
 @once

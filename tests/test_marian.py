@@ -145,6 +145,7 @@ def test_convert_fine_tune_save_and_load(ours, marian_dir, tmp_path, capsys):
     assert converted.generate(TEXTS[:3], sampler="greedy") == ours.generate(TEXTS[:3], sampler="greedy")
     backbone = TransformerBackbone.from_preset(marian_dir)
     assert backbone.activation == "silu" and backbone.output_bias
+    assert ours.compiled and TransformerSeq2SeqLM.from_preset(marian_dir, compile=False).compiled is False
     tokenizer = TransformerTokenizer.from_preset(marian_dir)
     assert isinstance(tokenizer, MarianTokenizer) and tokenizer.vocabulary_size() == backbone.vocabulary_size
     capsys.readouterr()

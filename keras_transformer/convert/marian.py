@@ -309,15 +309,16 @@ def _check_special_ids(config, tokenizer):
         )
 
 
-def load_task(preset, load_weights=True, dtype=None):
+def load_task(preset, load_weights=True, dtype=None, compile=True):
     """A `TransformerSeq2SeqLM` (backbone, preprocessor and tokenizer) from
-    a Marian directory or handle."""
+    a Marian directory or handle, compiled with the paper's recipe unless
+    `compile=False`."""
     from keras_transformer.models.transformer.seq2seq_lm import TransformerSeq2SeqLM
 
     config = read_config(preset)
     preprocessor = load_preprocessor(preset, config=config)
     backbone = load_backbone(preset, load_weights=load_weights, dtype=dtype, config=config)
-    return TransformerSeq2SeqLM(backbone, preprocessor)
+    return TransformerSeq2SeqLM(backbone, preprocessor, compile=compile)
 
 
 def from_preset(cls, preset, load_weights=True, **kwargs):
@@ -326,7 +327,9 @@ def from_preset(cls, preset, load_weights=True, **kwargs):
     import keras_hub
 
     if issubclass(cls, keras_hub.models.Task):
-        return load_task(preset, load_weights=load_weights, dtype=kwargs.get("dtype"))
+        return load_task(
+            preset, load_weights=load_weights, dtype=kwargs.get("dtype"), compile=kwargs.get("compile", True)
+        )
     if issubclass(cls, keras_hub.models.Backbone):
         return load_backbone(preset, load_weights=load_weights, dtype=kwargs.get("dtype"))
     if issubclass(cls, keras_hub.models.Preprocessor):

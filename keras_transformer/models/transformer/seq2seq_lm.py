@@ -197,7 +197,12 @@ class TransformerSeq2SeqLM(PresetIO, keras_hub.models.Seq2SeqLM):
     def _check_validation_data(self, validation_data):
         """`fit`'s `validation_data` held in memory: a dict of sentence
         pairs, or Keras' `(x, y)` / `(x, y, sample_weight)` tuple."""
-        if isinstance(validation_data, tuple) and 1 <= len(validation_data) <= 3:
+        if isinstance(validation_data, bool):  # `shuffle` given fifth, where keras-hub has validation_data
+            raise ValueError(
+                f"fit: validation_data={validation_data}: fit takes keras-hub's order (x, y, batch_size, "
+                "sample_weight, validation_data); give shuffle by name: fit(..., shuffle=False)."
+            )
+        if isinstance(validation_data, (list, tuple)) and 1 <= len(validation_data) <= 3:  # as Keras unpacks
             x, y, _ = keras.utils.unpack_x_y_sample_weight(validation_data)
         else:
             x, y = validation_data, None
