@@ -57,10 +57,10 @@ from keras_transformer.presets.registry import keras_hub_registry
 from keras_transformer.presets.registry import list_presets
 from keras_transformer.presets.registry import preset_metadata
 from keras_transformer.presets.registry import read_metadata
-from keras_transformer.utils.arguments import constructor_keywords
 from keras_transformer.presets.registry import read_preset_file
 from keras_transformer.presets.registry import resolve
 from keras_transformer.presets.saving import saving
+from keras_transformer.utils.arguments import constructor_keywords
 
 
 class PresetIO:

@@ -42,7 +42,6 @@ non_negative_float = bounded(finite(float), lambda value: value >= 0, "0 or more
 probability = bounded(float, lambda value: 0 <= value < 1, "in [0, 1)")
 
 
-
 def constructor_keywords(cls):
     """The keyword names that some `__init__` of `cls`'s hierarchy takes
     (keras-hub's `Task` takes `compile`, Keras' `Layer` `trainable`...)."""

@@ -180,9 +180,10 @@ class TransformerSeq2SeqLM(PresetIO, keras_hub.models.Seq2SeqLM):
         self._check_in_memory(x, None, "predict")
         return super().predict(x, *args, **kwargs)
 
-    def _check_in_memory(self, x, y, method):
+    def _check_in_memory(self, x, y, method, what=None):
         """The preprocessor's checks of sentence pairs held in memory, run
-        here rather than inside `tf.data` (whose traceback buries them)."""
+        here rather than inside `tf.data` (whose traceback buries them);
+        `what` names the argument checked, if not the data itself."""
         check_inputs = getattr(self.preprocessor, "check_inputs", None)
         if check_inputs is None or not isinstance(x, (dict, list, tuple, np.ndarray, str)):
             return
@@ -192,7 +193,7 @@ class TransformerSeq2SeqLM(PresetIO, keras_hub.models.Seq2SeqLM):
             # Sources alone, not sentence pairs: perhaps meant for translation.
             to_translate = method != "fit" and not isinstance(x, dict) and y is None
             hint = " To translate sources, call generate(sources)." if to_translate else ""
-            raise ValueError(f"{method}: {error}{hint}") from None
+            raise ValueError(f"{method}: {what + ': ' if what else ''}{error}{hint}") from None
 
     def _check_validation_data(self, validation_data):
         """`fit`'s `validation_data` held in memory: a dict of sentence
@@ -206,10 +207,7 @@ class TransformerSeq2SeqLM(PresetIO, keras_hub.models.Seq2SeqLM):
             x, y, _ = keras.utils.unpack_x_y_sample_weight(validation_data)
         else:
             x, y = validation_data, None
-        try:
-            self._check_in_memory(x, y, "fit")
-        except ValueError as error:
-            raise ValueError(str(error).replace("fit: ", "fit: validation_data: ", 1)) from None
+        self._check_in_memory(x, y, "fit", what="validation_data")
 
     def make_train_function(self, force=False):
         """Keras' training function (for `fit` and `train_on_batch`), with
