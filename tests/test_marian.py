@@ -170,6 +170,31 @@ def test_convert_fine_tune_save_and_load(ours, marian_dir, tmp_path, capsys):
     assert any(not np.allclose(b, v.numpy()) for b, v in zip(before, converted.backbone.trainable_variables[:2]))
 
 
+def test_from_preset_keywords_apply_to_marian_checkpoints(ours, marian_dir):
+    from keras_transformer.models import TransformerBackbone
+    from keras_transformer.models import TransformerSeq2SeqLM
+    from keras_transformer.models import TransformerSeq2SeqLMPreprocessor
+
+    # As for a preset of this package: a backbone's keywords replace its
+    # config's, the others go to the constructor.
+    backbone = TransformerBackbone.from_preset(marian_dir, dropout=0.3)
+    assert backbone.dropout == 0.3 and ours.backbone.dropout != 0.3
+    for mine, theirs in zip(backbone.weights, ours.backbone.weights):
+        np.testing.assert_array_equal(keras.ops.convert_to_numpy(mine), keras.ops.convert_to_numpy(theirs))
+    # A smaller model would take a part of the weights without a word.
+    layers = ours.backbone.num_layers
+    with pytest.raises(PresetError, match=rf"do not fit num_layers={layers - 1}: its config.json gives num_layers={layers}"):
+        TransformerBackbone.from_preset(marian_dir, num_layers=layers - 1, dropout=0.3)
+    assert TransformerBackbone.from_preset(marian_dir, num_layers=layers - 1, load_weights=False).num_layers == layers - 1
+    preprocessor = TransformerSeq2SeqLMPreprocessor.from_preset(marian_dir, encoder_sequence_length=16)
+    assert preprocessor.encoder_sequence_length == 16
+    assert preprocessor.decoder_sequence_length == ours.preprocessor.decoder_sequence_length
+    task = TransformerSeq2SeqLM.from_preset(marian_dir, preprocessor=preprocessor, backbone=backbone, name="mine")
+    assert task.preprocessor is preprocessor and task.backbone is backbone and task.name == "mine"
+    with pytest.raises(TypeError, match="did you mean 'load_weights'"):
+        TransformerSeq2SeqLM.from_preset(marian_dir, load_weight=False)
+
+
 def test_unsupported_marian_models_are_refused(marian_dir, tmp_path):
     from keras_transformer.models import TransformerSeq2SeqLM
 

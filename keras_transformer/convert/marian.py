@@ -231,17 +231,18 @@ def check_tokenizer_files(preset):
 # === Building this package's objects ===
 
 
-def load_tokenizer(preset):
-    """A `MarianTokenizer` from a Marian directory or handle."""
+def load_tokenizer(preset, **kwargs):
+    """A `MarianTokenizer` from a Marian directory or handle; `kwargs` go
+    to its constructor."""
     from keras_transformer.models.transformer.marian_tokenizer import MarianTokenizer
 
     check_tokenizer_files(preset)
     files = [_fetch(preset, name) for name in (SOURCE_SPM, TARGET_SPM, VOCABULARY_JSON)]
     try:
-        tokenizer = MarianTokenizer(*files)
+        tokenizer = MarianTokenizer(*files, **kwargs)
         source_start = _source_start_token(read_config(preset) or {}, tokenizer)
-        if source_start is not None:
-            tokenizer = MarianTokenizer(*files, source_start_token=source_start)
+        if source_start is not None and "source_start_token" not in kwargs:
+            tokenizer = MarianTokenizer(*files, source_start_token=source_start, **kwargs)
         return tokenizer
     except (ValueError, RuntimeError, OSError) as error:
         raise PresetError(f"The tokenizer files of {os.fspath(preset)!r} cannot be read: {error}") from error
@@ -259,12 +260,29 @@ def _source_start_token(config, tokenizer):
     return tokenizer.id_to_token(bos)
 
 
-def load_backbone(preset, load_weights=True, dtype=None, config=None):
-    """A `TransformerBackbone` holding a Marian checkpoint."""
+# The backbone arguments that set the weights' shapes.
+WEIGHT_SHAPE_ARGUMENTS = ("vocabulary_size", "num_layers", "d_model", "d_ff", "num_heads", "output_bias")
+
+
+def load_backbone(preset, load_weights=True, dtype=None, config=None, **overrides):
+    """A `TransformerBackbone` holding a Marian checkpoint; `overrides`
+    replace the arguments read from its config.json (`dropout=0.3`), as
+    `from_preset`'s keywords do for a preset of this package."""
     from keras_transformer.models.transformer.backbone import TransformerBackbone
 
     config = config or read_config(preset)
-    backbone = TransformerBackbone(**backbone_config(config), dtype=dtype)
+    arguments = backbone_config(config)
+    reshaped = {name: value for name, value in overrides.items() if name in WEIGHT_SHAPE_ARGUMENTS and value != arguments[name]}
+    if load_weights and reshaped:
+        # Checked here: a smaller model would take a part of the weights
+        # without a word.
+        given = ", ".join(f"{name}={value!r}" for name, value in sorted(reshaped.items()))
+        theirs = ", ".join(f"{name}={arguments[name]!r}" for name in sorted(reshaped))
+        raise PresetError(
+            f"The Marian checkpoint's weights do not fit {given}: its config.json gives {theirs}. Leave "
+            "these out, or give load_weights=False for a new model of that shape."
+        )
+    backbone = TransformerBackbone(**{**arguments, **overrides}, dtype=dtype)
     if load_weights:
         weights = marian_to_backbone_weights(read_state_dict(preset), backbone, config.get("decoder_start_token_id"))
         for variable in backbone.weights:
@@ -279,14 +297,17 @@ def load_backbone(preset, load_weights=True, dtype=None, config=None):
     return backbone
 
 
-def load_preprocessor(preset, tokenizer=None, config=None):
+def load_preprocessor(preset, tokenizer=None, config=None, **kwargs):
+    """A `TransformerSeq2SeqLMPreprocessor` of a Marian directory or handle;
+    `kwargs` go to its constructor (`encoder_sequence_length=128`)."""
     from keras_transformer.models.transformer.seq2seq_lm_preprocessor import TransformerSeq2SeqLMPreprocessor
 
     config = config or read_config(preset)
     tokenizer = tokenizer or load_tokenizer(preset)
     _check_special_ids(config, tokenizer)
     length = min(config.get("max_position_embeddings", 512), 256)
-    return TransformerSeq2SeqLMPreprocessor(tokenizer, encoder_sequence_length=length, decoder_sequence_length=length)
+    kwargs = {"encoder_sequence_length": length, "decoder_sequence_length": length, **kwargs}
+    return TransformerSeq2SeqLMPreprocessor(tokenizer, **kwargs)
 
 
 def _check_special_ids(config, tokenizer):
@@ -309,32 +330,37 @@ def _check_special_ids(config, tokenizer):
         )
 
 
-def load_task(preset, load_weights=True, dtype=None, compile=True):
+def load_task(preset, load_weights=True, dtype=None, backbone=None, preprocessor=None, **kwargs):
     """A `TransformerSeq2SeqLM` (backbone, preprocessor and tokenizer) from
     a Marian directory or handle, compiled with the paper's recipe unless
-    `compile=False`."""
+    `compile=False`. A `backbone` or `preprocessor` given is used instead
+    of the checkpoint's; `kwargs` go to the task's constructor."""
     from keras_transformer.models.transformer.seq2seq_lm import TransformerSeq2SeqLM
 
     config = read_config(preset)
-    preprocessor = load_preprocessor(preset, config=config)
-    backbone = load_backbone(preset, load_weights=load_weights, dtype=dtype, config=config)
-    return TransformerSeq2SeqLM(backbone, preprocessor, compile=compile)
+    if preprocessor is None:
+        preprocessor = load_preprocessor(preset, config=config)
+    if backbone is None:
+        backbone = load_backbone(preset, load_weights=load_weights, dtype=dtype, config=config)
+    return TransformerSeq2SeqLM(backbone, preprocessor, **kwargs)
 
 
-def from_preset(cls, preset, load_weights=True, **kwargs):
-    """What `cls.from_preset(preset)` returns for a Marian preset, by the
-    keras-hub role of `cls` (backbone, tokenizer, preprocessor or task)."""
+def from_preset(cls, preset, load_weights=True, load_task_weights=True, **kwargs):
+    """What `cls.from_preset(preset, **kwargs)` returns for a Marian
+    preset, by the keras-hub role of `cls` (backbone, tokenizer,
+    preprocessor or task). The keywords do what they do for a preset of
+    this package: a backbone's replace its config's (`dropout=0.3`), the
+    others go to the constructor. (A Marian checkpoint has no task
+    weights: `load_task_weights` changes nothing.)"""
     import keras_hub
 
     if issubclass(cls, keras_hub.models.Task):
-        return load_task(
-            preset, load_weights=load_weights, dtype=kwargs.get("dtype"), compile=kwargs.get("compile", True)
-        )
+        return load_task(preset, load_weights=load_weights, **kwargs)
     if issubclass(cls, keras_hub.models.Backbone):
-        return load_backbone(preset, load_weights=load_weights, dtype=kwargs.get("dtype"))
+        return load_backbone(preset, load_weights=load_weights, **kwargs)
     if issubclass(cls, keras_hub.models.Preprocessor):
-        return load_preprocessor(preset)
-    return load_tokenizer(preset)
+        return load_preprocessor(preset, **kwargs)
+    return load_tokenizer(preset, **kwargs)
 
 
 def convert(source, preset_dir):
