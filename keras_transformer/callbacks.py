@@ -251,11 +251,10 @@ def _check_backup(backup_dir):
     # A run of several processes keeps one backup each: all of them go, so
     # that every process goes on from the same checkpoint.
     parent = os.path.dirname(os.path.abspath(backup_dir))
-    backups = sorted(
-        os.path.join(parent, name)
-        for name in os.listdir(parent)
-        if name == "backup" or name.startswith("backup-process-")
-    )
+    names = [name for name in os.listdir(parent) if name == "backup" or name.startswith("backup-process-")]
+    # By process index: backup-process-2 before backup-process-10.
+    names.sort(key=lambda name: (name != "backup", len(name), name))
+    backups = [os.path.join(parent, name) for name in names]
     if os.path.abspath(backup_dir) not in backups:
         backups = [backup_dir]
     raise ValueError(

@@ -437,9 +437,11 @@ def test_a_damaged_backup_is_named_with_the_way_on(tmp_path, capsys):
         continue_from_checkpoint(str(backup), str(tmp_path / "checkpoints"), 10)
     # A run of several processes keeps a backup each: all of them go, so
     # that every process goes on from the same checkpoint.
-    (tmp_path / "backup-process-1").mkdir()
-    (tmp_path / "backup-process-1" / "training_metadata.json").write_text(json.dumps({"epoch": 1, "batch": 0}))
-    with pytest.raises(ValueError, match="Delete the run's backups .*backup, .*backup-process-1. to go on"):
+    for index in (10, 1, 2):
+        (tmp_path / f"backup-process-{index}").mkdir()
+        (tmp_path / f"backup-process-{index}" / "training_metadata.json").write_text(json.dumps({"epoch": 1, "batch": 0}))
+    with pytest.raises(ValueError, match="Delete the run's backups .*backup, .*backup-process-1, .*backup-process-2, "
+                       ".*backup-process-10. to go on"):
         continue_from_checkpoint(str(tmp_path / "backup-process-1"), str(tmp_path / "checkpoints"), 10)
 
 
