@@ -29,12 +29,16 @@ from keras_transformer.models.transformer.seq2seq_lm_preprocessor import source_
 from keras_transformer.models.transformer.special_tokens import special_token_ids
 from keras_transformer.presets import PresetIO
 from keras_transformer.presets import ensembles
-from keras_transformer.presets.saving import saving
 from keras_transformer.presets.layout import ENSEMBLE_KEY
 from keras_transformer.presets.layout import STORAGE_KEY
 from keras_transformer.presets.registry import preset_metadata
+from keras_transformer.presets.saving import saving
 from keras_transformer.schedules import paper_optimizer
 from keras_transformer.utils.arguments import check_model_keywords
+
+# Data that `fit`, `evaluate` and `predict` take as it is in memory (not a
+# dataset): checked by the preprocessor first, and shuffled by `fit`.
+IN_MEMORY = (dict, list, tuple, np.ndarray)
 
 
 @keras.saving.register_keras_serializable(package="keras_transformer")
@@ -147,7 +151,7 @@ class TransformerSeq2SeqLM(PresetIO, keras_hub.models.Seq2SeqLM):
         Datasets are read as they are: they shuffle themselves, like
         `token_budget_batches(...).dataset()`.
         """
-        in_memory = isinstance(x, (dict, list, tuple, np.ndarray))
+        in_memory = isinstance(x, IN_MEMORY)
         self._check_in_memory(x, y, "fit")
         self._check_validation_data(validation_data)
         if in_memory and (shuffle or validation_split):
@@ -185,7 +189,7 @@ class TransformerSeq2SeqLM(PresetIO, keras_hub.models.Seq2SeqLM):
         here rather than inside `tf.data` (whose traceback buries them);
         `what` names the argument checked, if not the data itself."""
         check_inputs = getattr(self.preprocessor, "check_inputs", None)
-        if check_inputs is None or not isinstance(x, (dict, list, tuple, np.ndarray, str)):
+        if check_inputs is None or not isinstance(x, (*IN_MEMORY, str)):
             return
         try:
             check_inputs(x, y)
