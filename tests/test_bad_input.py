@@ -236,8 +236,33 @@ def test_export_marian_overwrites_an_earlier_export_only(preset, tmp_path):
         export_marian(model, project, overwrite=True)
     assert directory_contents(project) == before
     export_marian(model, tmp_path / "marian")
+    # Weights of another format from an earlier write would be read by
+    # some loaders instead of the new ones: they go.
+    (tmp_path / "marian" / "pytorch_model.bin").write_bytes(b"old weights")
+    (tmp_path / "marian" / "NOTES.md").write_text("mine")
     export_marian(model, tmp_path / "marian", overwrite=True)
     assert json.loads((tmp_path / "marian" / "config.json").read_text())["model_type"] == "marian"
+    assert not (tmp_path / "marian" / "pytorch_model.bin").exists()
+    assert (tmp_path / "marian" / "NOTES.md").read_text() == "mine"
+
+
+@once
+def test_export_marian_refuses_what_marian_cannot_hold(preset, tmp_path):
+    pytest.importorskip("safetensors")
+    from keras_transformer.convert import export_marian
+
+    model, _ = preset
+    # transformers' Marian LayerNorms use 1e-5, whatever the config says.
+    config = {**model.backbone.get_config(), "layer_norm_epsilon": 1e-6}
+    other = TransformerSeq2SeqLM(TransformerBackbone.from_config(config), model.preprocessor)
+    with pytest.raises(PresetError, match="layer_norm_epsilon=1e-06 .Marian's LayerNorms use 1e-5"):
+        export_marian(other, tmp_path / "epsilon")
+    # Keras' int8 kernels are not float weights: refused, not written.
+    quantized = TransformerSeq2SeqLM(TransformerBackbone.from_config(model.backbone.get_config()), model.preprocessor)
+    quantized.quantize("int8")
+    with pytest.raises(PresetError, match="computes with quantized ones .*before `quantize`"):
+        export_marian(quantized, tmp_path / "int8")
+    assert not (tmp_path / "epsilon").exists() and not (tmp_path / "int8").exists()
 
 
 @once

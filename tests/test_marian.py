@@ -186,6 +186,9 @@ def test_from_preset_keywords_apply_to_marian_checkpoints(ours, marian_dir):
     with pytest.raises(PresetError, match=rf"do not fit num_layers={layers - 1}: its config.json gives num_layers={layers}"):
         TransformerBackbone.from_preset(marian_dir, num_layers=layers - 1, dropout=0.3)
     assert TransformerBackbone.from_preset(marian_dir, num_layers=layers - 1, load_weights=False).num_layers == layers - 1
+    for keyword, value in (("key_dim", 4), ("position_encoding", "learned"), ("normalize_first", True)):
+        with pytest.raises(PresetError, match=f"do not fit {keyword}={value!r}: its config.json gives"):
+            TransformerBackbone.from_preset(marian_dir, **{keyword: value})
     preprocessor = TransformerSeq2SeqLMPreprocessor.from_preset(marian_dir, encoder_sequence_length=16)
     assert preprocessor.encoder_sequence_length == 16
     assert preprocessor.decoder_sequence_length == ours.preprocessor.decoder_sequence_length

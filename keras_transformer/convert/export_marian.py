@@ -47,6 +47,16 @@ ACTIVATIONS = {"relu": "relu", "silu": "swish", "gelu": "gelu"}
 NEVER_OUTPUT_BIAS = -1e4
 
 
+# transformers' MarianLayerNorm epsilon (nn.LayerNorm's default), fixed.
+MARIAN_LAYER_NORM_EPSILON = 1e-5
+# transformers' weight files, of every framework, whole or sharded.
+EARLIER_WEIGHT_FILES = (
+    "model.safetensors", "model-*.safetensors", "model.safetensors.index.json",
+    "pytorch_model.bin", "pytorch_model-*.bin", "pytorch_model.bin.index.json",
+    "tf_model.h5", "flax_model.msgpack", "rust_model.ot",
+)
+
+
 def export_marian(model, output_dir, overwrite=False):
     """Writes `model` as a transformers Marian directory.
 
@@ -123,7 +133,9 @@ def export_marian(model, output_dir, overwrite=False):
         for name, data in assets.items():
             with open(os.path.join(staging, name), "wb") as f:
                 f.write(data)
-        move_into_place(staging, output_dir)
+        # Weights of another format that an earlier export or a download
+        # left would be read instead of these by some loaders.
+        move_into_place(staging, output_dir, replaces=EARLIER_WEIGHT_FILES)
     return output_dir
 
 
@@ -191,8 +203,20 @@ def marian_config(model, layout=None):
     activation = ACTIVATIONS.get(backbone.activation)
     if activation is None:
         refuse.append(f"the activation {backbone.activation!r}")
+    if backbone.layer_norm_epsilon != MARIAN_LAYER_NORM_EPSILON:
+        refuse.append(f"layer_norm_epsilon={backbone.layer_norm_epsilon!r} (Marian's LayerNorms use 1e-5)")
     if refuse:
         raise PresetError("Marian cannot hold this model: it has " + ", ".join(refuse) + ".")
+    quantized = [
+        layer.name for layer in backbone._flatten_layers()
+        if getattr(getattr(layer, "dtype_policy", None), "quantization_mode", None)
+    ]
+    if quantized:
+        raise PresetError(
+            f"export_marian writes float weights, and this model computes with quantized ones (`quantize`, "
+            f"layer {quantized[0]!r}): export the float model, before `quantize` (CTranslate2 quantizes "
+            "it itself: `ct2-transformers-converter --quantization int8`)."
+        )
     return {
         "architectures": ["MarianMTModel"],
         "model_type": "marian",

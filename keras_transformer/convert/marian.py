@@ -261,7 +261,14 @@ def _source_start_token(config, tokenizer):
 
 
 # The backbone arguments that set the weights' shapes.
-WEIGHT_SHAPE_ARGUMENTS = ("vocabulary_size", "num_layers", "d_model", "d_ff", "num_heads", "output_bias")
+WEIGHT_SHAPE_ARGUMENTS = (
+    "vocabulary_size", "num_layers", "d_model", "d_ff", "num_heads", "key_dim", "value_dim", "output_bias",
+    "position_encoding", "normalize_first",
+)
+
+
+# What a Marian model has where the backbone's config above names nothing.
+_BACKBONE_DEFAULTS = {"key_dim": None, "value_dim": None, "position_encoding": "sinusoidal", "normalize_first": False}
 
 
 def load_backbone(preset, load_weights=True, dtype=None, config=None, **overrides):
@@ -272,12 +279,15 @@ def load_backbone(preset, load_weights=True, dtype=None, config=None, **override
 
     config = config or read_config(preset)
     arguments = backbone_config(config)
-    reshaped = {name: value for name, value in overrides.items() if name in WEIGHT_SHAPE_ARGUMENTS and value != arguments[name]}
+    reshaped = {
+        name: value for name, value in overrides.items()
+        if name in WEIGHT_SHAPE_ARGUMENTS and value != arguments.get(name, _BACKBONE_DEFAULTS.get(name))
+    }
     if load_weights and reshaped:
         # Checked here: a smaller model would take a part of the weights
         # without a word.
         given = ", ".join(f"{name}={value!r}" for name, value in sorted(reshaped.items()))
-        theirs = ", ".join(f"{name}={arguments[name]!r}" for name in sorted(reshaped))
+        theirs = ", ".join(f"{name}={arguments.get(name, _BACKBONE_DEFAULTS.get(name))!r}" for name in sorted(reshaped))
         raise PresetError(
             f"The Marian checkpoint's weights do not fit {given}: its config.json gives {theirs}. Leave "
             "these out, or give load_weights=False for a new model of that shape."
