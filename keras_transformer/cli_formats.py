@@ -78,13 +78,14 @@ def _add_convert(subparsers):
         "handle such as hf://Helsinki-NLP/opus-mt-en-de) and save it as a preset directory.",
     )
     p.add_argument("source", help="the Marian directory or hf:// handle")
-    p.add_argument("output_dir", help="the preset directory to write")
+    p.add_argument("output_dir", help="the preset directory to write (must be empty or absent)")
+    p.add_argument("--overwrite", action="store_true", help="replace an earlier preset in the output directory")
 
 
 def _convert(args):
     from keras_transformer.convert import convert_marian
 
-    convert_marian(args.source, args.output_dir)
+    convert_marian(args.source, args.output_dir, overwrite=args.overwrite)
     print(f"Wrote the preset to {args.output_dir}")
 
 

@@ -170,6 +170,30 @@ def test_convert_fine_tune_save_and_load(ours, marian_dir, tmp_path, capsys):
     assert any(not np.allclose(b, v.numpy()) for b, v in zip(before, converted.backbone.trainable_variables[:2]))
 
 
+@once
+def test_convert_replaces_a_preset_only_with_overwrite(marian_dir, tmp_path, capsys):
+    from keras_transformer.cli import main
+    from keras_transformer.presets.layout import METADATA_FILE
+
+    output = tmp_path / "preset"
+    output.mkdir()
+    (output / "NOTES.md").write_text("mine")
+    with pytest.raises(SystemExit, match="is not empty. Choose another directory, or pass overwrite=True"):
+        main(["convert", marian_dir, str(output)])
+    assert os.listdir(output) == ["NOTES.md"]
+    (output / "NOTES.md").unlink()
+    main(["convert", marian_dir, str(output)])
+    first = (output / METADATA_FILE).stat().st_mtime_ns
+    with pytest.raises(SystemExit, match="is not empty"):
+        main(["convert", marian_dir, str(output)])
+    assert (output / METADATA_FILE).stat().st_mtime_ns == first
+    (output / "NOTES.md").write_text("mine")
+    main(["convert", marian_dir, str(output), "--overwrite"])
+    assert (output / METADATA_FILE).stat().st_mtime_ns != first and (output / "NOTES.md").read_text() == "mine"
+    with pytest.raises(SystemExit, match="is a file; give a directory"):
+        main(["convert", marian_dir, str(output / "NOTES.md")])
+
+
 def test_from_preset_keywords_apply_to_marian_checkpoints(ours, marian_dir):
     from keras_transformer.models import TransformerBackbone
     from keras_transformer.models import TransformerSeq2SeqLM

@@ -373,9 +373,33 @@ def from_preset(cls, preset, load_weights=True, load_task_weights=True, **kwargs
     return load_tokenizer(preset, **kwargs)
 
 
-def convert(source, preset_dir):
+def convert(source, preset_dir, overwrite=False):
     """Converts a Marian checkpoint (directory or `hf://` handle) into a
-    preset of this package at `preset_dir` (`keras-transformer convert`)."""
+    preset of this package at `preset_dir` (`keras-transformer convert`).
+
+    Args:
+        source: the Marian checkpoint's directory or `hf://` handle.
+        preset_dir: the preset directory to write: new or empty, unless
+            `overwrite`.
+        overwrite: replace an earlier preset in `preset_dir` (as
+            `save_to_preset` does: files that are not a preset's stay).
+
+    Returns:
+        The converted `TransformerSeq2SeqLM`.
+
+    Raises:
+        FileExistsError: `preset_dir` is a file, or is not empty and
+            `overwrite` is False (checked before the checkpoint is read).
+        PresetError: `source` is not a Marian checkpoint.
+
+    Example:
+
+    ```python
+    from keras_transformer.convert import convert_marian
+    convert_marian("hf://Helsinki-NLP/opus-mt-en-de", "opus-mt-en-de")
+    ```
+    """
+    _check_output(preset_dir, overwrite)
     if not is_marian(source):
         path = os.fspath(source)
         if "://" not in path and not os.path.exists(path):
@@ -392,3 +416,16 @@ def convert(source, preset_dir):
     model = load_task(source)
     model.save_to_preset(preset_dir, metadata={"converted_from": os.fspath(source), "source_format": "marian"})
     return model
+
+
+def _check_output(preset_dir, overwrite):
+    """As `export` and `export_marian` do: a non-empty directory is the
+    user's, replaced only when they say so."""
+    path = os.path.abspath(os.path.expanduser(os.fspath(preset_dir)))
+    if os.path.isfile(path):
+        raise FileExistsError(f"{path!r} is a file; give a directory for the preset.")
+    if os.path.isdir(path) and os.listdir(path) and not overwrite:
+        raise FileExistsError(
+            f"{path!r} is not empty. Choose another directory, or pass overwrite=True (--overwrite) "
+            "to replace the preset there."
+        )
