@@ -23,9 +23,12 @@ the token-budget batches (in float32, and in bfloat16 under
 `torch.autocast` for mixed precision). The figure of merit is real
 (non-padding) target tokens per second. Model FLOP/s count the matrix
 multiplications of the padded batch (forward and backward: 3x forward) and
-are shown as a fraction of a matmul of the same precision timed in the same
-run (NumPy float32, PyTorch float32 and bfloat16), with the processor's
-name and whether it has AMX (bfloat16 matrix tiles).
+are shown as a fraction of a 2048 x 2048 matmul timed in the same run on
+the row's own backend, multiplied as its training step multiplies in that
+precision (`backend_matmul_flops`: on JAX, mixed precision multiplies
+bfloat16 operands into float32), with the processor's name and whether it
+has AMX (bfloat16 matrix tiles). The products' own bfloat16 / float32
+ratio, printed for each backend, bounds its "vs float32" column.
 
 Each timing runs the same batches twice: the first pass compiles (JAX, XLA
 and TensorFlow compile once per batch shape), the second is timed. Every
@@ -84,6 +87,46 @@ def torch_matmul_flops(dtype, size=2048, repeats=5, device="cpu"):
     for _ in range(repeats):
         c = a @ b
     c.sum().item()  # waits for the device
+    return 2 * size**3 * repeats / (time.perf_counter() - start)
+
+
+def backend_matmul_flops(dtype, size=2048, repeats=5):
+    """The FLOP/s of a product of two `size` x `size` matrices on the
+    worker's Keras backend, multiplied as its training step multiplies in
+    `dtype`: float32 products for "float32"; for "mixed_bfloat16",
+    bfloat16 operands into a float32 result on JAX (this package's
+    `layers.bfloat16_products`, where XLA's CPU code multiplies fastest),
+    into bfloat16 on TensorFlow (its oneDNN kernels, which its training
+    step runs) and PyTorch. The bound of each row's "of matmul" and "vs
+    float32" on that backend."""
+    import keras
+
+    backend = keras.config.backend()
+    operand = "float32" if dtype == "float32" else "bfloat16"
+    if backend == "torch":
+        import torch
+
+        return torch_matmul_flops(operand, size, repeats, "cuda" if torch.cuda.is_available() else "cpu")
+    if backend == "jax":
+        import jax
+        import jax.numpy as jnp
+
+        a, b = (jax.random.uniform(jax.random.key(i), (size, size)).astype(operand) for i in (0, 1))
+        product = jax.jit(lambda a, b: jax.lax.dot(a, b, preferred_element_type=jnp.float32))
+
+        def run():
+            return product(a, b).block_until_ready()
+    else:
+        import tensorflow as tf
+
+        a, b = (tf.cast(tf.random.uniform((size, size), seed=i), operand) for i in (0, 1))
+
+        def run():
+            return tf.linalg.matmul(a, b).numpy()  # (eager kernels on a CPU run as they are called)
+    run()
+    start = time.perf_counter()
+    for _ in range(repeats):
+        run()
     return 2 * size**3 * repeats / (time.perf_counter() - start)
 
 
@@ -177,7 +220,7 @@ def worker_keras(data_dir, steps, dtypes, with_keras_hub, token_ids=None):
     from keras_transformer.models import TransformerSeq2SeqLM
 
     encoder_ids, decoder_ids = load_data(data_dir, 20000, token_ids)
-    results = {"backend": keras.config.backend()}
+    results = {"backend": keras.config.backend(), "matmul": {dtype: backend_matmul_flops(dtype) for dtype in dtypes}}
     batches, padding = budget_batches(encoder_ids, decoder_ids, steps)
 
     def ours_flops(batch):
@@ -272,7 +315,9 @@ def worker_torch(data_dir, steps, dtypes, token_ids=None):
         x, y, _ = batch
         return step_flops(len(y), x["encoder_token_ids"].shape[1], y.shape[1])
 
-    results = {"backend": "torch"}
+    results = {"backend": "torch", "matmul": {
+        dtype: torch_matmul_flops("float32" if dtype == "float32" else "bfloat16", device=device) for dtype in dtypes
+    }}
     for dtype in dtypes:
         torch.manual_seed(0)
         model = torch_transformer(CONFIG).to(device)
@@ -350,26 +395,21 @@ def main():
 
     gpu_name = gpu()
     numpy_rate = numpy_matmul_flops()
-    matmul = {"float32": numpy_rate}
-    try:
-        torch_rates = {dtype: torch_matmul_flops(dtype) for dtype in ("float32", "bfloat16")}
-    except ImportError:
-        torch_rates = {}
-    # Each row's FLOP/s against the matmul of its precision: NumPy's for
-    # float32 (as before), PyTorch's bfloat16 for mixed precision; on a GPU
-    # (where every engine trains), the GPU's own.
-    matmul["mixed_bfloat16"] = torch_rates.get("bfloat16")
+    # Each row's FLOP/s against a product of its precision on its own
+    # backend, timed in its worker (`backend_matmul_flops`); on a GPU (where
+    # every engine trains), against PyTorch's products there.
     if gpu_name:
         gpu_rates = {dtype: torch_matmul_flops(dtype, size=8192, repeats=20, device="cuda") for dtype in ("float32", "bfloat16")}
-        matmul = {"float32": gpu_rates["float32"], "mixed_bfloat16": gpu_rates["bfloat16"]}
-    rows = []  # (model, dtype, backend, result)
-    for backend in args.backends.split(","):
-        print(f"timing {backend} ...", file=sys.stderr)
-        result = run_worker("keras", backend, args, not args.no_keras_hub)
-        rows += [(*name.split(" "), backend, value) for name, value in result.items() if name != "backend"]
-    print("timing torch.nn.Transformer ...", file=sys.stderr)
-    result = run_worker("torch", "torch", args)
-    rows += [(*name.split(" "), "torch", value) for name, value in result.items() if name != "backend"]
+    rows = []  # (model, dtype, backend, result, {dtype: its worker's matmul FLOP/s})
+    worker_rates = {}  # backend: its Keras worker's matmul FLOP/s by dtype
+    workers = [("keras", backend) for backend in args.backends.split(",")] + [("torch", "torch")]
+    for kind, backend in workers:
+        print(f"timing {'torch.nn.Transformer' if kind == 'torch' else backend} ...", file=sys.stderr)
+        result = run_worker(kind, backend, args, not args.no_keras_hub)
+        rates = result.pop("matmul")
+        if kind == "keras":
+            worker_rates[backend] = rates
+        rows += [(*name.split(" "), backend, value, rates) for name, value in result.items() if name != "backend"]
 
     config = MODELS[args.model]
     print(f"\nModel: {config['num_layers']}+{config['num_layers']} layers, d_model {config['d_model']}, "
@@ -379,17 +419,20 @@ def main():
         print(f"GPU: {gpu_name} (every engine trains on it); matmul 8192x8192: PyTorch float32 "
               f"{gpu_rates['float32'] / 1e12:.0f} TFLOP/s, bfloat16 {gpu_rates['bfloat16'] / 1e12:.0f} TFLOP/s")
     print("Memory: " + ("glibc's malloc as it is" if args.system_malloc else "freed memory kept for reuse (every engine)"))
-    print(f"Matmul 2048x2048: NumPy float32 {numpy_rate / 1e9:.0f} GFLOP/s"
-          + "".join(f", PyTorch {dtype} {rate / 1e9:.0f} GFLOP/s" for dtype, rate in torch_rates.items()) + "\n")
+    print(f"Matmul 2048x2048, GFLOP/s: NumPy float32 {numpy_rate / 1e9:.0f}; each backend as its training "
+          "multiplies (its worker's): " + "; ".join(
+              f"{backend} " + ", ".join(f"{dtype} {rate / 1e9:,.0f}" for dtype, rate in rates.items())
+              + (f" ({rates['mixed_bfloat16'] / rates['float32']:.2f}x)" if len(rates) == 2 else "")
+              for backend, rates in worker_rates.items()) + "\n")
     print("| model (backend) | dtype | target tokens/s | vs float32 | padding | model GFLOP/s | of matmul | vs keras-hub fixed |")
     print("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |")
-    speed = {(name, dtype, backend): r["tokens_per_second"] for name, dtype, backend, r in rows}
-    for name, dtype, backend, r in rows:
+    speed = {(name, dtype, backend): r["tokens_per_second"] for name, dtype, backend, r, _ in rows}
+    for name, dtype, backend, r, rates in rows:
         tokens = r["tokens_per_second"]
         versus_float32 = f"{tokens / speed[name, 'float32', backend]:.2f}x" if (name, "float32", backend) in speed else ""
         fixed = speed.get(("keras_hub_fixed", "float32", backend))
         versus_fixed = f"{tokens / fixed:.2f}x" if fixed and name != "keras_hub_fixed" else ""
-        rate = matmul.get(dtype)
+        rate = gpu_rates["float32" if dtype == "float32" else "bfloat16"] if gpu_name else rates.get(dtype)
         of_matmul = f"{r['flops_per_second'] / rate:.0%}" if rate else ""
         print(
             f"| {name} ({backend}) | {dtype} | {tokens:,.0f} | {versus_float32} | {r['padding']:.1%} "

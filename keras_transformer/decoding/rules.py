@@ -242,7 +242,9 @@ def _best_in_chunks(token_log_probs, log_probs, count, chunk):
     candidates = candidates + log_probs.gather(1, beam_of_chunk)[:, :, None]
     values, within = torch.topk(candidates.view(batch, count * chunk), count)
     picked = best_chunks.gather(1, within // chunk)  # beam * per_beam + chunk of the beam
-    return values, (picked // per_beam) * vocabulary_size + (picked % per_beam) * chunk + within % chunk
+    # (`chunk` divides the vocabulary: chunk `picked` starts at flat index
+    # `beam * vocabulary_size + (picked % per_beam) * chunk`, `picked * chunk`.)
+    return values, picked * chunk + within % chunk
 
 
 @functools.lru_cache(maxsize=64)  # (called at every step with the same few arguments)

@@ -173,8 +173,10 @@ class SharedTokenEmbedding(DirectCall, keras.layers.ReversibleEmbedding):
                     )
                     return linear(inputs, columns.t(), bias)
             return linear(inputs, embeddings, bias)
-        dtype = keras.backend.standardize_dtype(inputs.dtype)
-        if "int" not in dtype:
+        # (A decoding step's token ids are a NumPy array: its dtype's kind
+        # is read directly, where Keras' `standardize_dtype` took 6 us.)
+        kind = getattr(inputs.dtype, "kind", None)
+        if kind not in ("i", "u") and "int" not in keras.backend.standardize_dtype(inputs.dtype):
             return self.call(inputs)  # (which raises the error for it)
         outputs = embedding(torch.as_tensor(inputs, device=embeddings.device), embeddings)
         return outputs * math.sqrt(self.output_dim) if self.scale_embeddings else outputs

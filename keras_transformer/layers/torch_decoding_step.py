@@ -213,7 +213,13 @@ def _additive_mask(layer, padding_mask, like):
     """The `(sources, 1, 1, source_length)` additive mask of an encoder
     padding mask, in the dtype and on the device of the tensor `like`
     (`direct_calls.additive_mask`), kept on `layer` while
-    the same mask comes back (a search passes one mask to every step)."""
+    the same mask comes back (a search passes one mask to every step).
+
+    None where the mask allows every position (one source, or sources of
+    one length): its additive mask is all zeros, and PyTorch's kernel
+    attends without one in less time (7.4 against 8.4 us at one
+    sentence's beams, 4 heads of 32).
+    """
     import torch
 
     held = layer.__dict__.get("_torch_step_mask")
@@ -222,11 +228,13 @@ def _additive_mask(layer, padding_mask, like):
     version = None if inference else getattr(padding_mask, "_version", None)
     if (
         held is not None and held[0] is padding_mask and held[1] == version
-        and held[2].dtype == like.dtype and held[2].device == like.device
+        and held[3] == like.dtype and held[4] == like.device
     ):
         return held[2]
-    mask = additive_mask(torch.as_tensor(padding_mask, device=like.device).to(torch.bool)[:, None, None, :], like)
-    object.__setattr__(layer, "_torch_step_mask", (None if inference else padding_mask, version, mask))
+    allowed = torch.as_tensor(padding_mask, device=like.device).to(torch.bool)
+    mask = None if bool(allowed.all()) else additive_mask(allowed[:, None, None, :], like)
+    held = (None if inference else padding_mask, version, mask, like.dtype, like.device)
+    object.__setattr__(layer, "_torch_step_mask", held)
     return mask
 
 
@@ -258,25 +266,32 @@ def decoding_step(layer, weights, x, index, self_attention_cache, cross_attentio
     # attended values come back to the layer's dtype.
     def self_attention(x):
         query, key, value = _heads_of_projections(weights, x)
-        keys = write_position(self_attention_cache[0], index, key.to(self_attention_cache[0].dtype))
-        values = write_position(self_attention_cache[1], index, value.to(self_attention_cache[1].dtype))
+        keys = write_position(self_attention_cache[0], index, _as(key, self_attention_cache[0].dtype))
+        values = write_position(self_attention_cache[1], index, _as(value, self_attention_cache[1].dtype))
         written["cache"] = (keys, values)
-        attended = attend_to_cache(query.to(keys.dtype), keys, values, index)
-        return weights.self_output(attended.view(rows, 1, -1).to(x.dtype))
+        attended = attend_to_cache(_as(query, keys.dtype), keys, values, index)
+        return weights.self_output(_as(attended.view(rows, 1, -1), x.dtype))
 
     def cross_attention(x):
         keys, values = cross_attention_cache
         sources = keys.shape[0]
         # A source's beams attend as its row's consecutive query positions.
-        query = weights.cross_query(x).view(sources, -1, heads, keys.shape[-1]).transpose(1, 2).to(keys.dtype)
+        query = _as(weights.cross_query(x).view(sources, -1, heads, keys.shape[-1]).transpose(1, 2), keys.dtype)
         mask = None if encoder_padding_mask is None else _additive_mask(layer, encoder_padding_mask, keys)
         attended = scaled_dot_product_attention(query, keys, values, attn_mask=mask)
-        return weights.cross_output(attended.transpose(1, 2).reshape(rows, 1, -1).to(x.dtype))
+        return weights.cross_output(_as(attended.transpose(1, 2).reshape(rows, 1, -1), x.dtype))
 
     x = _residual(weights, x, self_attention, weights.norms[0])
     x = _residual(weights, x, cross_attention, weights.norms[1])
     x = _residual(weights, x, lambda x: _feed_forward(weights, x), weights.norms[2])
     return x, written["cache"]
+
+
+def _as(x, dtype):
+    """`x.to(dtype)`, without the call where `x` has that dtype already: a
+    decoding step's activations and caches mostly share theirs, and each
+    call that changes nothing still took about 0.7 us (six a layer)."""
+    return x if x.dtype == dtype else x.to(dtype)
 
 
 def attend_to_cache(query, keys, values, index):
