@@ -24,6 +24,15 @@ _MODULES = (
     "losses", "metrics", "models", "presets", "schedules", "training", "visualization",
 )
 
+# The presets (`presets/`) sit below the models and the converters and name
+# neither: what they need from above them is listed here, imported on first
+# use. `CLASS_MODULES`: the modules that register with Keras the classes a
+# preset's config names (`presets/classes.py`). `FORMAT_MODULES`: those of
+# other libraries' checkpoint formats, which `from_preset` converts on
+# loading; each registers its loader when imported (`presets/formats.py`).
+CLASS_MODULES = ("keras_transformer.models",)
+FORMAT_MODULES = ("keras_transformer.convert.marian",)
+
 
 def __getattr__(name):
     if name in _MODULES:

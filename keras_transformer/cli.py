@@ -154,9 +154,10 @@ def _leave_out_tensorflow(names):
     left out before anything imports keras-hub (`translate` and `evaluate`
     call this first), only in the command's own process, not in a caller's
     of `main`."""
+    from keras_transformer.presets.registry import sentencepiece_presets
     from keras_transformer.utils import tensorflow_free
 
-    if _OWN_PROCESS and tensorflow_free.sentencepiece_presets(names):
+    if _OWN_PROCESS and sentencepiece_presets(names):
         tensorflow_free.skip_tensorflow()
 
 

@@ -10,6 +10,7 @@ import keras
 import pytest
 
 from keras_transformer.datasets import multi30k
+from keras_transformer.presets.registry import sentencepiece_presets
 from keras_transformer.utils import tensorflow_free
 
 PRESET = "transformer_multi30k_en_de"
@@ -93,13 +94,13 @@ def _run_command(*argv):
 
 
 def test_only_sentencepiece_presets_go_without_tensorflow(tmp_path):
-    assert tensorflow_free.sentencepiece_presets([PRESET, "transformer_multi30k_de_en"])
+    assert sentencepiece_presets([PRESET, "transformer_multi30k_de_en"])
     wordpiece = tmp_path / "wordpiece"
     wordpiece.mkdir()
     (wordpiece / "tokenizer.json").write_text(json.dumps({"class_name": "TransformerWordPieceTokenizer"}))
-    assert not tensorflow_free.sentencepiece_presets([PRESET, str(wordpiece)])
-    assert not tensorflow_free.sentencepiece_presets(["hf://Helsinki-NLP/opus-mt-en-de"])
-    assert not tensorflow_free.sentencepiece_presets([str(tmp_path / "missing")])
+    assert not sentencepiece_presets([PRESET, str(wordpiece)])
+    assert not sentencepiece_presets(["hf://Helsinki-NLP/opus-mt-en-de"])
+    assert not sentencepiece_presets([str(tmp_path / "missing")])
 
 
 def test_main_in_a_callers_process_leaves_its_imports_alone(monkeypatch, tmp_path):

@@ -16,10 +16,13 @@ differs is handled here, checked against transformers' `modeling_marian.py`:
   LayerNorm and attention do not depend on the order of that axis, so the
   logits are the same.
 
-`load_marian_task` reads what `MarianMTModel.save_pretrained` and
+`load_task` reads what `MarianMTModel.save_pretrained` and
 `MarianTokenizer.save_pretrained` write, from a directory or an `hf://`
-handle; `export_marian` writes any model of this package in that form, for
-transformers and for CTranslate2's `ct2-transformers-converter`.
+handle; `from_preset` of every class of this package reads it the same
+way (this module registers its loader with
+`keras_transformer.presets.formats`). `export_marian` writes any model of
+this package in that form, for transformers and for CTranslate2's
+`ct2-transformers-converter`.
 """
 
 import json
@@ -29,6 +32,7 @@ import numpy as np
 
 from keras_transformer.convert.marian_weights import marian_to_backbone_weights
 from keras_transformer.presets import PresetError
+from keras_transformer.presets import formats
 
 CONFIG_FILE = "config.json"
 SAFETENSORS_FILE = "model.safetensors"
@@ -62,7 +66,7 @@ def _fetch(preset, name, required=True):
         return None
     # keras-hub has no public call that fetches one file of a handle; its
     # `get_file` downloads it into the hub's cache like the other files.
-    from keras_hub.src.utils.preset_utils import get_file
+    from keras_transformer.utils.keras_hub_internals import get_file
 
     try:
         return get_file(preset, name)
@@ -371,6 +375,10 @@ def from_preset(cls, preset, load_weights=True, load_task_weights=True, **kwargs
     if issubclass(cls, keras_hub.models.Preprocessor):
         return load_preprocessor(preset, **kwargs)
     return load_tokenizer(preset, **kwargs)
+
+
+# `from_preset` of every class of this package reads Marian checkpoints.
+formats.register_format("marian", is_marian, from_preset)
 
 
 def convert(source, preset_dir, overwrite=False):

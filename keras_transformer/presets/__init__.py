@@ -22,19 +22,22 @@ preset's weights in int8 (`model.weights.int8.npz`, about half the size of
 float16 weights); such a preset loads as a float model
 (`keras_transformer.presets.int8`).
 
-This module also checks a preset before keras-hub reads it (an unknown name
-lists the shipped ones; a missing or corrupt file is named) and saves presets
-so that a save that fails halfway leaves the directory as it was.
+The presets sit below the models, as data: this package reads, checks and
+saves preset directories (an unknown name lists the shipped ones; a missing
+or corrupt file is named; a save that fails halfway leaves the directory as
+it was), and names neither the models nor the converters above it. What it
+needs of them, the package lists in `keras_transformer/__init__.py`,
+imported on first use: the modules of the classes that a preset's config
+names (`presets/classes.py`), and those of other libraries' checkpoint
+formats, which register their loaders (`presets/formats.py`). The models'
+`from_preset` and `save_to_preset` build on it
+(`keras_transformer.models.preset_io`).
 """
-
-import difflib
-import os
 
 from keras_transformer.presets import int8
 from keras_transformer.presets.checks import check
 from keras_transformer.presets.checks import check_loaded
-from keras_transformer.presets.checks import weights_do_not_fit
-from keras_transformer.presets.int8 import store_int8
+from keras_transformer.presets.int8_conversion import store_int8
 from keras_transformer.presets.layout import ASSETS_DIR
 from keras_transformer.presets.layout import CHECKSUMS_KEY
 from keras_transformer.presets.layout import CONFIG_FILE
@@ -53,6 +56,7 @@ from keras_transformer.presets.layout import TOKENIZER_FILE
 from keras_transformer.presets.layout import WEIGHTS_ENTRIES
 from keras_transformer.presets.layout import WEIGHTS_FILE
 from keras_transformer.presets.layout import PresetError
+from keras_transformer.presets.layout import weights_do_not_fit
 from keras_transformer.presets.registry import keras_hub_registry
 from keras_transformer.presets.registry import list_presets
 from keras_transformer.presets.registry import preset_metadata
@@ -60,174 +64,3 @@ from keras_transformer.presets.registry import read_metadata
 from keras_transformer.presets.registry import read_preset_file
 from keras_transformer.presets.registry import resolve
 from keras_transformer.presets.saving import saving
-from keras_transformer.utils.arguments import constructor_keywords
-
-
-class PresetIO:
-    """`from_preset` and `save_to_preset` with the checks of this module.
-
-    Mixed into the backbone, tokenizer, preprocessor and task classes in
-    front of their keras-hub base: loading checks the preset first (see
-    `check`), saving goes through `saving`, and `save_to_preset` takes a
-    `metadata` dict to record in `metadata.json`.
-    """
-
-    preset_needs = ("config",)
-    preset_keywords = ()  # what a subclass's `from_preset` takes of its own
-
-    @classmethod
-    def from_preset(cls, preset, *args, **kwargs):
-        import keras_hub
-
-        # keras-hub's loader has no public hook for another checkpoint
-        # format (it raises "no converter" for Marian), so Marian
-        # directories and hf:// handles are converted here.
-        from keras_transformer.convert import marian
-
-        _check_keywords(cls, kwargs)
-        _check_dtype(kwargs.get("dtype"))
-        if not args and marian.is_marian(preset):
-            return marian.from_preset(cls, os.fspath(preset), **kwargs)
-        load_weights = kwargs.get("load_weights", True)
-        check(preset, cls.preset_needs, load_weights)
-        directory = resolve(os.fspath(preset))
-        # Weights stored in int8 load through keras-hub's loader too: it
-        # passes their index to `TransformerBackbone.load_weights`.
-        try:
-            loaded = super().from_preset(directory, *args, **kwargs)
-        except PresetError:
-            raise
-        except (TypeError, ValueError, KeyError) as error:
-            if "://" in directory:
-                raise
-            if load_weights and _builds_without_weights(super(), directory, args, kwargs):
-                # Keras refuses weights of other shapes than the config's.
-                raise weights_do_not_fit(directory, f"{type(error).__name__}: {error}") from error
-            # Keras' safe mode and deserialization refuse edited or crafted
-            # configs with these: say which files, not a long traceback.
-            raise PresetError(
-                f"The preset {os.fspath(preset)!r} cannot be built from its config files ({CONFIG_FILE}, "
-                f"{TASK_FILE}, {PREPROCESSOR_FILE}, {TOKENIZER_FILE}): {type(error).__name__}: {error}. "
-                "They were edited or made by hand, or by another version: save the model again."
-            ) from error
-        backbone = getattr(loaded, "backbone", loaded)
-        if load_weights and "://" not in directory and isinstance(backbone, keras_hub.models.Backbone):
-            check_loaded(directory, backbone)
-        if kwargs.get("compile", True) and getattr(loaded, "_compile_defaults_after_loading", False):
-            # keras-hub compiles a task when it builds it, before it loads
-            # the tokenizer's vocabulary: the default loss must ignore the
-            # vocabulary's padding id, known only now.
-            loaded.compile()
-        return loaded
-
-    def save_to_preset(self, preset_dir, *args, metadata=None, weights_storage="float", **kwargs):
-        """Saves the model (or this part of it) as a preset in `preset_dir`.
-
-        Args:
-            preset_dir: the preset's directory.
-            metadata: a dict to record in `metadata.json`.
-            weights_storage: `"float"` (the default): the weights as the
-                model holds them, in `model.weights.h5`; `"int8"` (a
-                backbone or task): in `model.weights.int8.npz`, about half
-                the size of float16 weights, loading as a float model (see
-                `keras_transformer.presets.int8`).
-
-        Example:
-
-        ```python
-        model = TransformerSeq2SeqLM.from_preset("transformer_multi30k_en_de")
-        model.save_to_preset("en-de", metadata={"note": "a copy"})
-        model.save_to_preset("en-de-int8", weights_storage="int8")  # under half the size
-        TransformerSeq2SeqLM.from_preset("en-de-int8")  # a float32 model again
-        ```
-        """
-        import keras_hub
-
-        int8.check_storage(weights_storage)
-        backbone = getattr(self, "backbone", self)
-        if isinstance(backbone, keras_hub.models.Backbone):  # it writes metadata.json
-            metadata = {"tasks": _task_names(type(backbone)), **(metadata or {})}
-            metadata.pop(STORAGE_KEY, None)  # (copied from another preset's metadata)
-            if weights_storage == "int8":
-                int8.check_storable(backbone)
-                metadata[STORAGE_KEY] = "int8"
-        elif weights_storage != "float":
-            raise ValueError(
-                f"A {type(self).__name__} has no weights to store in {weights_storage}: `weights_storage` "
-                "applies to a backbone or a task."
-            )
-        # A task writes a whole preset. A backbone, tokenizer or
-        # preprocessor writes one part beside the others; a new backbone
-        # makes an older task's files (which hold its config) wrong.
-        if isinstance(self, keras_hub.models.Task):
-            replaces = PRESET_ENTRIES
-        elif isinstance(self, keras_hub.models.Backbone):
-            replaces = (TASK_FILE, TASK_WEIGHTS_FILE, *WEIGHTS_ENTRIES, ENSEMBLE_DIR)
-        else:
-            replaces = ()
-        with saving(preset_dir, metadata, replaces) as directory:
-            super().save_to_preset(directory, *args, **kwargs)
-            if weights_storage == "int8":
-                int8.store_backbone(backbone, directory)
-
-
-# What keras-hub's loaders take beside the constructor's arguments.
-_LOADER_KEYWORDS = ("load_weights", "load_task_weights", "dtype")
-
-
-def _check_keywords(cls, kwargs):
-    """Refuses a keyword that neither the loader nor any constructor of
-    `cls` takes: keras-hub passes such a keyword into the config it builds
-    from, where it is dropped without a word (a typo of `load_weights`
-    would load them)."""
-    known = {*_LOADER_KEYWORDS, *getattr(cls, "preset_keywords", ()), *constructor_keywords(cls)}
-    unknown = sorted(set(kwargs) - known)
-    if unknown:
-        close = difflib.get_close_matches(unknown[0], sorted(known), n=1)
-        raise TypeError(
-            f"{cls.__name__}.from_preset() got an unexpected keyword argument {unknown[0]!r}"
-            + (f" (did you mean {close[0]!r}?)" if close else "") + "."
-        )
-
-
-def _check_dtype(dtype):
-    """`from_preset(dtype=...)`: a float dtype or policy, checked before the
-    preset is read (Keras' error would seem to be the preset's)."""
-    if dtype is None:
-        return
-    import keras
-
-    quantized = isinstance(dtype, str) and dtype.startswith(("int", "float8"))
-    try:
-        policy = None if quantized else keras.dtype_policies.get(dtype)
-    except (TypeError, ValueError):
-        policy = None
-    if policy is None or isinstance(policy, keras.dtype_policies.QuantizedDTypePolicy):
-        raise ValueError(
-            f"dtype={dtype!r} is not a dtype to load a model in: use 'float32', 'bfloat16', 'float16' "
-            "or a mixed policy ('mixed_bfloat16'). For int8 weights, load the model and call "
-            "`model.quantize(\"int8\")`."
-        )
-
-
-def _builds_without_weights(loader, directory, args, kwargs):
-    """Whether the preset's config files alone build a model (so that a
-    failed load is the weights' fault)."""
-    try:
-        loader.from_preset(directory, *args, **{**kwargs, "load_weights": False})
-    except Exception:  # the config's own error is the one to report
-        return False
-    return True
-
-
-def _task_names(backbone_cls):
-    # keras-hub lists the tasks of a backbone by each task class's first
-    # base, which is `PresetIO` here: name the keras-hub bases instead.
-    from keras_hub.src.models.task import Task
-    from keras_hub.src.utils.preset_utils import list_subclasses
-
-    return sorted({
-        base.__name__
-        for task in list_subclasses(Task) if getattr(task, "backbone_cls", None) is backbone_cls
-        for base in task.__bases__ if base is not PresetIO
-    })

@@ -7,6 +7,9 @@ import os
 import re
 import warnings
 
+from keras_transformer.presets import int8
+from keras_transformer.presets.classes import PACKAGE_PREFIX
+from keras_transformer.presets.classes import registered_names
 from keras_transformer.presets.layout import ASSETS_DIR
 from keras_transformer.presets.layout import CHECKSUMS_KEY
 from keras_transformer.presets.layout import CONFIG_FILE
@@ -20,12 +23,11 @@ from keras_transformer.presets.layout import TASK_FILE
 from keras_transformer.presets.layout import TOKENIZER_FILE
 from keras_transformer.presets.layout import WEIGHTS_FILE
 from keras_transformer.presets.layout import PresetError
+from keras_transformer.presets.layout import weights_do_not_fit
 from keras_transformer.presets.registry import shipped_directories
 from keras_transformer.presets.registry import resolve
 from keras_transformer.utils.files import sha256
 
-# The registered names of this package's classes start with it.
-PACKAGE_PREFIX = "keras_transformer>"
 # Tokenizer arguments that would read a file: presets keep it in assets.
 TOKENIZER_FILE_KEYS = ("proto", "vocabulary", "merges", "source_spm", "target_spm")
 
@@ -132,13 +134,7 @@ def _check_classes(path, config):
     """Every object of a config that names a class of this package names
     one that exists, under its own name. (Keras' safe mode refuses code in
     configs, such as a `Lambda`; this names the file before it gets there.)"""
-    import keras
-
-    # The package's classes register themselves when their modules load,
-    # which a command line that checks a preset first has not done yet.
-    import keras_transformer.models  # noqa: F401
-
-    known = {name for name in keras.saving.get_custom_objects() if name.startswith(PACKAGE_PREFIX)}
+    known = registered_names()
     for item in _objects(config):
         registered = item.get("registered_name")
         if not isinstance(registered, str) or not registered.startswith(PACKAGE_PREFIX):
@@ -211,8 +207,6 @@ def _check_weights(directory, checksums, metadata):
     damaged bytes inside a tensor without error), and is readable HDF5 (or,
     for weights stored in int8, a readable archive: presets/int8.py)."""
     import h5py
-
-    from keras_transformer.presets import int8
 
     index = os.path.join(directory, SHARDED_WEIGHTS_INDEX)
     int8_storage = int8.stored_in_int8(directory, metadata)
@@ -295,8 +289,6 @@ def check_loaded(directory, backbone):
     lacks without a word, so a config edited to fewer layers would load.
     (Weights stored in int8 were matched variable by variable as they
     loaded: `int8.load_weights`.)"""
-    from keras_transformer.presets import int8
-
     if int8.stored_in_int8(directory):
         return
     expected, found = len(backbone.weights), weights_count(directory)
@@ -306,16 +298,6 @@ def check_loaded(directory, backbone):
             f"they hold {found} variables, the model built from the config has {expected} "
             f"(num_layers: {getattr(backbone, 'num_layers', '?')})",
         )
-
-
-def weights_do_not_fit(directory, details, weights=None):
-    """The error for weights (`weights`, by default the directory's
-    model.weights.h5) that another model's config would read."""
-    return PresetError(
-        f"The weights in {weights or os.path.join(directory, WEIGHTS_FILE)!r} do not fit the model in "
-        f"{os.path.join(directory, CONFIG_FILE)!r}: {details}. The config was edited or belongs "
-        "to another model: copy the preset again or save the model again."
-    )
 
 
 def _flatten(values):

@@ -6,8 +6,9 @@ tokenizer and weights, as any preset) with the other models' backbones in
 `model.weights.h5` (or `model.weights.int8.npz`: presets/int8.py),
 `metadata.json`), listed in order under `"ensemble"`
 in the top `metadata.json`. `TransformerSeq2SeqLM.from_preset` loads them
-into `model.ensemble_members`, and `generate` averages the probabilities
-of all the models at each step, as fairseq's and Marian's ensembles do.
+into `model.ensemble_members` (models/transformer/ensemble_members.py),
+and `generate` averages the probabilities of all the models at each step,
+as fairseq's and Marian's ensembles do.
 
 The members share the first model's tokenizer: they must have been trained
 on its vocabulary. They may differ in depth and width.
@@ -16,7 +17,6 @@ on its vocabulary. They may differ in depth and width.
 import os
 import warnings
 
-from keras_transformer.decoding.ensemble import Ensemble
 from keras_transformer.presets.layout import ENSEMBLE_DIR
 from keras_transformer.presets.layout import ENSEMBLE_KEY
 from keras_transformer.presets.layout import PresetError
@@ -36,9 +36,15 @@ def member_paths(preset):
     return members
 
 
-def load_members(task, preset, load_weights=True, dtype=None):
-    """The other models of an ensemble preset, as tasks of `task`'s class
-    sharing `task`'s preprocessor; [] for a preset of one model."""
+def member_locations(preset):
+    """The further models of an ensemble preset, as `(path, directory)`
+    pairs in the order metadata.json lists them (`path` as listed there,
+    `directory` where it is); [] for a preset of one model.
+
+    Raises:
+        PresetError: the preset is not a directory, or lists a model
+            outside it, itself, or one it does not hold.
+    """
     paths = member_paths(preset)
     if not paths:
         return []
@@ -48,7 +54,7 @@ def load_members(task, preset, load_weights=True, dtype=None):
             f"The preset {os.fspath(preset)!r} is an ensemble of {1 + len(paths)} models, which load from a "
             "directory: download the preset's directory and give its path."
         )
-    members = []
+    locations = []
     root = os.path.abspath(directory)
     for path in paths:
         location = os.path.normpath(os.path.join(root, path))
@@ -64,19 +70,8 @@ def load_members(task, preset, load_weights=True, dtype=None):
                 f"The preset {directory!r} lists the ensemble model {path!r}, which it does not hold: the "
                 "preset is incomplete; copy or download it again."
             )
-        backbone = type(task.backbone).from_preset(
-            location, load_weights=load_weights, **({"dtype": dtype} if dtype is not None else {})
-        )
-        member = type(task)(backbone, preprocessor=task.preprocessor)
-        try:
-            Ensemble([task, member])
-        except ValueError as error:
-            raise PresetError(
-                f"The preset {directory!r} lists the ensemble model {path!r}, which does not fit its first "
-                f"model ({path}/config.json): {error}"
-            ) from error
-        members.append(member)
-    return members
+        locations.append((path, location))
+    return locations
 
 
 def member_directories(count):

@@ -1,5 +1,5 @@
-"""The files of a preset directory, and the error for a preset that cannot be
-found or read."""
+"""The files of a preset directory, and the errors for a preset that cannot
+be found or read."""
 
 import os
 
@@ -38,3 +38,13 @@ PRESET_ENTRIES = (
 
 class PresetError(ValueError):
     """A preset that cannot be found or read; the message says which file."""
+
+
+def weights_do_not_fit(directory, details, weights=None):
+    """The error for weights (`weights`, by default the directory's
+    model.weights.h5) that another model's config would read."""
+    return PresetError(
+        f"The weights in {weights or os.path.join(directory, WEIGHTS_FILE)!r} do not fit the model in "
+        f"{os.path.join(directory, CONFIG_FILE)!r}: {details}. The config was edited or belongs "
+        "to another model: copy the preset again or save the model again."
+    )

@@ -9,6 +9,7 @@ from keras_transformer.presets.layout import CONFIG_FILE
 from keras_transformer.presets.layout import ENSEMBLE_KEY
 from keras_transformer.presets.layout import METADATA_FILE
 from keras_transformer.presets.layout import PRESETS_DIR
+from keras_transformer.presets.layout import TOKENIZER_FILE
 
 
 def shipped_directories():
@@ -48,7 +49,7 @@ def read_preset_file(preset, name):
     elif "://" in str(preset):
         # keras-hub has no public call that reads one file of a preset; its
         # `get_file` downloads it into keras-hub's cache like the other files.
-        from keras_hub.src.utils.preset_utils import get_file
+        from keras_transformer.utils.keras_hub_internals import get_file
 
         try:
             path = get_file(preset, name)
@@ -60,6 +61,29 @@ def read_preset_file(preset, name):
         raise FileNotFoundError(f"Preset {preset!r} has no {name}.")
     with open(path, encoding="utf-8") as f:
         return json.load(f)
+
+
+def sentencepiece_presets(presets):
+    """Whether every preset (a shipped name or a directory) has a
+    `TransformerTokenizer`, which translates without tensorflow-text
+    (`keras_transformer.utils.tensorflow_free`); hub handles and unreadable
+    presets count as not.
+
+    Example:
+
+    >>> sentencepiece_presets(["transformer_multi30k_en_de", "transformer_multi30k_de_en"])
+    True
+    """
+    for preset in presets:
+        if "://" in str(preset):
+            return False
+        try:
+            config = read_preset_file(preset, TOKENIZER_FILE)
+        except (OSError, ValueError):
+            return False
+        if config.get("class_name") != "TransformerTokenizer":
+            return False
+    return True
 
 
 def _size_on_disk(directory):

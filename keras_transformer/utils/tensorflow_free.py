@@ -9,7 +9,8 @@ tokenizer runs on the `sentencepiece` package where tensorflow-text is not
 importable, with the same pieces and ids (both wrap the same SentencePiece
 library). `keras-transformer translate` and `evaluate` therefore keep
 TensorFlow out of the process for presets whose tokenizer is a
-`TransformerTokenizer` (SentencePiece). Presets with other tokenizers
+`TransformerTokenizer` (SentencePiece:
+`keras_transformer.presets.registry.sentencepiece_presets`). Presets with other tokenizers
 (WordPiece, Marian's) and the TensorFlow backend import it as before, as
 does `KERAS_TRANSFORMER_WITHOUT_TENSORFLOW=0`.
 
@@ -134,28 +135,3 @@ class _LeaveOut(importlib.abc.MetaPathFinder, importlib.abc.Loader):
 
     def exec_module(self, module):  # never reached: create_module refuses
         raise ModuleNotFoundError(module.__name__)
-
-
-def sentencepiece_presets(presets):
-    """Whether every preset (a shipped name or a directory) has a
-    `TransformerTokenizer`, which translates without tensorflow-text; hub
-    handles and unreadable presets count as not.
-
-    Example:
-
-    >>> sentencepiece_presets(["transformer_multi30k_en_de", "transformer_multi30k_de_en"])
-    True
-    """
-    from keras_transformer.presets import TOKENIZER_FILE
-    from keras_transformer.presets import read_preset_file
-
-    for preset in presets:
-        if "://" in str(preset):
-            return False
-        try:
-            config = read_preset_file(preset, TOKENIZER_FILE)
-        except (OSError, ValueError):
-            return False
-        if config.get("class_name") != "TransformerTokenizer":
-            return False
-    return True

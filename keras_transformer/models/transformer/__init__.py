@@ -13,11 +13,9 @@ from keras_transformer.models.transformer.special_tokens import special_token_id
 from keras_transformer.models.transformer.tokenizer import TransformerTokenizer
 from keras_transformer.models.transformer.tokenizer import TransformerWordPieceTokenizer
 from keras_transformer.models.transformer.tokenizer import train_tokenizer
+from keras_transformer.presets import keras_hub_registry
+from keras_transformer.utils.keras_hub_internals import register_presets
 
 # The presets shipped inside the package, in keras-hub's registry, so that
 # keras-hub resolves their names (with no network) like its own presets.
-from keras_hub.src.utils.preset_utils import register_presets  # noqa: E402 (no public alias)
-
-from keras_transformer.presets import keras_hub_registry  # noqa: E402
-
 register_presets(keras_hub_registry(), TransformerBackbone)

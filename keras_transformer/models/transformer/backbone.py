@@ -15,7 +15,7 @@ from keras_transformer.layers.position import LearnedPositionEmbedding
 from keras_transformer.layers.position import SinusoidalPositionEncoding
 from keras_transformer.layers.torch_decoding_step import cross_attention_cache
 from keras_transformer.layers.torch_decoding_step import decoder_step
-from keras_transformer.presets import PresetIO
+from keras_transformer.models.preset_io import PresetIO
 from keras_transformer.presets import int8
 from keras_transformer.presets.layout import INT8_WEIGHTS_FILE
 from keras_transformer.utils.arguments import check_model_keywords

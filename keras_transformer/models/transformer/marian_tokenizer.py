@@ -21,12 +21,9 @@ import keras
 import keras_hub
 import numpy as np
 
+from keras_transformer.models.preset_io import PresetIO
 from keras_transformer.models.transformer.backbone import TransformerBackbone
-from keras_transformer.presets import PresetIO
-
-# keras-hub's decorator that runs tokenization in TensorFlow and converts
-# its outputs for the backend (as keras-hub's own tokenizers do).
-from keras_hub.src.utils.tensor_utils import preprocessing_function
+from keras_transformer.utils.keras_hub_internals import preprocessing_function
 
 SOURCE_SPM, TARGET_SPM, VOCABULARY_JSON = "source.spm", "target.spm", "vocab.json"
 PAD, UNK, END = "<pad>", "<unk>", "</s>"

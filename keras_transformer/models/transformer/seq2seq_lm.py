@@ -21,13 +21,14 @@ from keras_transformer.decoding.samplers import sample
 from keras_transformer.layers.direct_calls import direct_calls
 from keras_transformer.losses import LabelSmoothedCrossEntropy
 from keras_transformer.metrics import TokenAccuracy
+from keras_transformer.models.preset_io import PresetIO
 from keras_transformer.models.transformer.backbone import TransformerBackbone
+from keras_transformer.models.transformer.ensemble_members import load_members
 from keras_transformer.models.transformer.seq2seq_lm_preprocessor import (
     TransformerSeq2SeqLMPreprocessor,
 )
 from keras_transformer.models.transformer.seq2seq_lm_preprocessor import source_texts
 from keras_transformer.models.transformer.special_tokens import special_token_ids
-from keras_transformer.presets import PresetIO
 from keras_transformer.presets import ensembles
 from keras_transformer.presets.layout import ENSEMBLE_KEY
 from keras_transformer.presets.layout import STORAGE_KEY
@@ -536,7 +537,7 @@ class TransformerSeq2SeqLM(PresetIO, keras_hub.models.Seq2SeqLM):
                 model, "_preset_metadata", {key: metadata[key] for key in _INHERITED_METADATA if key in metadata}
             )
         if isinstance(model, TransformerSeq2SeqLM) and load_ensemble:
-            model.set_ensemble_members(ensembles.load_members(
+            model.set_ensemble_members(load_members(
                 model, preset, load_weights=kwargs.get("load_weights", True), dtype=kwargs.get("dtype")
             ))
         return model

@@ -5,16 +5,13 @@ import keras_hub
 import numpy as np
 from keras_hub.layers import StartEndPacker
 
-# keras-hub's decorator that runs a preprocessing call in TensorFlow and
-# converts its outputs for the backend (as its own preprocessors do).
-from keras_hub.src.utils.tensor_utils import preprocessing_function
-
 from keras_transformer.decoding.compiled import id_list
+from keras_transformer.models.preset_io import PresetIO
 from keras_transformer.models.transformer.backbone import INPUT_NAMES
 from keras_transformer.models.transformer.backbone import TransformerBackbone
 from keras_transformer.models.transformer.special_tokens import special_token_ids
 from keras_transformer.models.transformer.tokenizer import TransformerTokenizer
-from keras_transformer.presets import PresetIO
+from keras_transformer.utils.keras_hub_internals import preprocessing_function
 
 
 @keras.saving.register_keras_serializable(package="keras_transformer")

@@ -16,8 +16,8 @@ import keras
 import keras_hub
 import numpy as np
 
+from keras_transformer.models.preset_io import PresetIO
 from keras_transformer.models.transformer.backbone import TransformerBackbone
-from keras_transformer.presets import PresetIO
 
 PAD, UNK, START, END = "<pad>", "<unk>", "<s>", "</s>"
 ALGORITHMS = ("bpe", "unigram", "wordpiece")
