@@ -190,13 +190,15 @@ def _load_translator(preset, args):
         model.quantize(args.quantize)
     decoding = dict(sampler="greedy") if args.beam_size == 1 else dict(
         beam_size=args.beam_size, alpha=args.alpha, length_penalty=args.length_penalty)
-    return models[0], {**decoding, "ensemble": models[1:]}
+    return models[0], {**decoding, "ensemble": models[1:], "target_prefix": args.target_prefix}
 
 
 def _add_length_penalty(p):
     p.add_argument("--length-penalty", choices=("gnmt", "length"), default="gnmt",
                    help="gnmt: ((5 + |Y|) / 6) ** alpha, the paper's; length: |Y| ** alpha, as transformers "
                    "ranks beams (default: gnmt)")
+    p.add_argument("--target-prefix", metavar="TEXT", help="start every translation with TEXT, forced at the "
+                   "first steps (the search continues from it)")
 
 
 def _add_attention(subparsers):

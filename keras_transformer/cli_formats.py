@@ -43,6 +43,10 @@ def _add_export(subparsers):
     p.add_argument("--alpha", type=arguments.non_negative_float, default=0.6, help="length penalty, fixed in the export (default: 0.6)")
     p.add_argument("--max-length-offset", type=arguments.positive_int, default=50,
                    help="at most source length + this many output tokens (default: 50)")
+    p.add_argument("--length-penalty", choices=("gnmt", "length"), default="gnmt",
+                   help="gnmt: ((5 + |Y|) / 6) ** alpha, the paper's; length: |Y| ** alpha (default: gnmt)")
+    p.add_argument("--target-prefix", metavar="TEXT", help="start every translation with TEXT, forced in the "
+                   "export's search")
     p.add_argument("--overwrite", action="store_true", help="replace an earlier export in the output directory")
     p.add_argument("--jit-compile", action="store_true",
                    help="compile the search with XLA: several times as fast one sentence at a time, but each "
@@ -63,6 +67,7 @@ def _export(args):
             args.preset, args.output_dir, beam_size=args.beam_size, alpha=args.alpha,
             max_length_offset=args.max_length_offset, overwrite=args.overwrite, dtype=args.dtype,
             quantize=args.quantize, jit_compile=args.jit_compile, ensemble=args.ensemble,
+            length_penalty=args.length_penalty, target_prefix=args.target_prefix,
         )
     except ExportError as error:
         raise SystemExit(f"error: {error}") from None

@@ -42,6 +42,7 @@ together, as `generate` does; by default the SavedModel holds the first.
 import errno
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -57,6 +58,7 @@ from keras_transformer.decoding.beam import round_up
 from keras_transformer.decoding.ensemble import Ensemble
 from keras_transformer.decoding.interface import search_loop_function
 from keras_transformer.decoding.loop import search_loop
+from keras_transformer.decoding.settings import DecodingSettings
 from keras_transformer.presets import ensembles
 from keras_transformer.utils.files import move_into_place
 from keras_transformer.utils.files import reporting_full_disk
@@ -71,7 +73,7 @@ BLANK = r"[\t-\r\x{1c}-\x{1f}\x{85}\p{Z}]*"
 
 def export_saved_model(
     model, export_dir, beam_size=4, alpha=0.6, max_length_offset=50, overwrite=False, dtype=None, quantize=None,
-    jit_compile=False, ensemble=False,
+    jit_compile=False, ensemble=False, length_penalty="gnmt", target_prefix=None,
 ):
     """Writes a SavedModel that translates strings (see the module docstring).
 
@@ -112,6 +114,11 @@ def export_saved_model(
             at the cost of every model's weights and steps. Without it the
             SavedModel holds the first model alone, and says so in a
             warning; with it, a model of one model is an error.
+        length_penalty: `"gnmt"` (the paper's) or `"length"`, as
+            `generate` takes it.
+        target_prefix: text (tokenized by the model's tokenizer, as
+            `generate` takes it) or token ids that every translation starts
+            with, forced in the SavedModel's search.
 
     Returns:
         `export_dir`.
@@ -127,9 +134,11 @@ def export_saved_model(
     replaced once the new one is complete. A full disk is a `DiskFullError`
     (an `OSError`).
     """
-    if beam_size < 1:
-        raise ValueError(f"beam_size must be at least 1, got {beam_size}.")
-    rules.check_alpha(alpha)
+    # (Checked now; a prefix given as text is tokenized where the model is loaded.)
+    settings = DecodingSettings(
+        beam_size=beam_size, alpha=alpha, length_penalty=length_penalty, max_length_offset=max_length_offset,
+        target_prefix=target_prefix if isinstance(target_prefix, (list, tuple)) else (),
+    )
     if max_length_offset < 0:
         raise ValueError(
             f"max_length_offset must be >= 0, got {max_length_offset}: the SavedModel must leave "
@@ -143,8 +152,8 @@ def export_saved_model(
             "model is a single model, with no ensemble members: export it without ensemble=True (--ensemble)."
         )
     precision = {"dtype": dtype, "quantize": quantize}
-    search = {"beam_size": beam_size, "alpha": alpha, "max_length_offset": max_length_offset,
-              "jit_compile": bool(jit_compile), "ensemble": bool(ensemble)}
+    search = {"settings": settings, "target_prefix": target_prefix, "jit_compile": bool(jit_compile),
+              "ensemble": bool(ensemble)}
     export_dir = os.path.abspath(os.fspath(export_dir))
     if os.path.isfile(export_dir):
         raise FileExistsError(f"{export_dir!r} is a file; give a directory for the SavedModel.")
@@ -251,11 +260,15 @@ def _write_in_tensorflow_process(model, saved_model, staging, search, dtype=None
         model.save_to_preset(preset)
     else:
         preset = model  # checked by `_check_exportable`
+    settings = search["settings"]
     command = [
         sys.executable, "-m", "keras_transformer.export", preset, saved_model, "--beam-size",
-        str(search["beam_size"]), "--alpha", repr(search["alpha"]), "--max-length-offset",
-        str(search["max_length_offset"]),
+        str(settings.beam_size), "--alpha", repr(settings.alpha), "--max-length-offset",
+        str(settings.max_length_offset), "--length-penalty", settings.length_penalty,
     ]
+    prefix = search["target_prefix"]
+    if prefix is not None:
+        command += ["--target-prefix", prefix if isinstance(prefix, str) else ",".join(str(int(t)) for t in prefix)]
     command += ["--jit-compile"] if search["jit_compile"] else []
     command += ["--ensemble"] if search["ensemble"] else []
     command += ["--dtype", dtype] if dtype else []
@@ -289,8 +302,9 @@ def _subprocess_error(stderr):
     return ExportError(f"The export under TensorFlow failed:\n{stderr[-4000:]}")
 
 
-def _write(model, path, beam_size, alpha, max_length_offset, jit_compile=False, ensemble=False):
-    translator = Translator(model, beam_size, alpha, max_length_offset, jit_compile, ensemble)
+def _write(model, path, settings, target_prefix=None, jit_compile=False, ensemble=False):
+    settings = settings.replace(target_prefix=model.target_prefix_ids(target_prefix))
+    translator = Translator(model, settings, jit_compile, ensemble)
     signatures = {"serving_default": translator.translate, "translate_ids": translator.translate_ids}
     # The signatures translate; no gradients to trace for them.
     options = tf.saved_model.SaveOptions(experimental_custom_gradients=False)
@@ -310,7 +324,7 @@ class Translator(tf.Module):
     with `jit_compile`, the search in them is compiled by XLA; with
     `ensemble`, the model and its `ensemble_members` decode together."""
 
-    def __init__(self, model, beam_size, alpha, max_length_offset, jit_compile=False, ensemble=False):
+    def __init__(self, model, settings, jit_compile=False, ensemble=False):
         super().__init__(name="translator")
         if model.preprocessor is None:
             raise ValueError("Export needs a model with a preprocessor (its tokenizer).")
@@ -327,9 +341,10 @@ class Translator(tf.Module):
             self.tokenizer = tokenizer.graph_tokenizer()
         else:
             self.tokenizer = tf_text.SentencepieceTokenizer(model=tokenizer.proto, out_type=tf.int32)
-        self.beam_size = beam_size
-        self.alpha = float(alpha)
-        self.max_length_offset = max_length_offset
+        settings.check_for(model.backbone.vocabulary_size, model.special_token_ids.never_output)
+        # (One result a source: the SavedModel's search is keyed without the offset.)
+        self.settings = settings.replace(num_results=1)
+        self.max_length_offset = settings.max_length_offset
         self.jit_compile = jit_compile
         special = model.special_token_ids
         self.pad_id, self.end_id = special.pad, special.end
@@ -374,7 +389,7 @@ class Translator(tf.Module):
         with tf.control_dependencies([check]):
             encoder_ids = sources.to_tensor(default_value=self.pad_id)
         encoder_mask = tf.cast(tf.sequence_mask(source_lengths, tf.shape(encoder_ids)[1]), tf.int32)
-        budgets = rules.output_budget(source_lengths, self.max_length_offset, limit, xp=rules.KerasOps)
+        budgets = rules.output_budget(source_lengths, self.max_length_offset, limit, xp=tf.math)
         token_ids, lengths, scores = self._beam_search(encoder_ids, encoder_mask, budgets)
         lengths = tf.where(empty, 0, lengths)
         scores = tf.where(empty, 0.0, scores)
@@ -410,7 +425,7 @@ class Translator(tf.Module):
         encoder_ids = tf.pad(encoder_ids, padding, constant_values=self.pad_id)
         encoder_mask = tf.pad(encoder_mask, padding)
         width = loop_cache_length(tf.shape(encoder_ids)[1], self.max_length_offset, limit, xp=tf) - 1
-        search = search_loop_function(model, self.beam_size, 1, self.alpha, "gnmt")
+        search = search_loop_function(model, self.settings)
 
         def chunk(i, found_ids, found_lengths, found_scores):
             rows = filled[i * size : (i + 1) * size]
@@ -437,14 +452,14 @@ class Translator(tf.Module):
         return tf.cond(batch > 0, searched, lambda: nothing)
 
     def _beam_search(self, encoder_ids, encoder_mask, budgets):
-        """`decoding.loop.search_loop` (num_results=1, the paper's
-        penalty): the best finished hypothesis of each source."""
+        """`decoding.loop.search_loop` with the export's settings: the
+        best finished hypothesis of each source."""
         if self.jit_compile:
             return self._compiled_beam_search(encoder_ids, encoder_mask, budgets)
         max_budget = tf.reduce_max(tf.concat([budgets, [1]], axis=0))  # 1 for an empty batch
         # The cache holds the start token's position and the longest output.
         token_ids, lengths, scores, _, _ = search_loop(
-            self._held.model, encoder_ids, encoder_mask, budgets, max_budget + 1, self.beam_size, 1, self.alpha, "gnmt"
+            self._held.model, encoder_ids, encoder_mask, budgets, max_budget + 1, self.settings
         )
         return token_ids[:, 0], lengths[:, 0], scores[:, 0]
 
@@ -458,6 +473,8 @@ def main(argv=None):
     parser.add_argument("--beam-size", type=int, default=4)
     parser.add_argument("--alpha", type=float, default=0.6)
     parser.add_argument("--max-length-offset", type=int, default=50)
+    parser.add_argument("--length-penalty", default="gnmt")
+    parser.add_argument("--target-prefix", help="text, or token ids separated by commas")
     parser.add_argument("--dtype")
     parser.add_argument("--quantize")
     parser.add_argument("--jit-compile", action="store_true")
@@ -465,10 +482,14 @@ def main(argv=None):
     args = parser.parse_args(argv)
     try:
         model = _load(args.preset, args.dtype, args.quantize, args.ensemble)
-        _write(
-            model, args.export_dir, args.beam_size, args.alpha, args.max_length_offset, args.jit_compile,
-            args.ensemble,
+        settings = DecodingSettings(
+            beam_size=args.beam_size, alpha=args.alpha, max_length_offset=args.max_length_offset,
+            length_penalty=args.length_penalty,
         )
+        prefix = args.target_prefix
+        if prefix is not None and re.fullmatch(r"\d+(,\d+)*", prefix):
+            prefix = [int(token) for token in prefix.split(",")]
+        _write(model, args.export_dir, settings, prefix, args.jit_compile, args.ensemble)
     except Exception as error:
         from keras_transformer.presets import PresetError
         from keras_transformer.utils.files import is_disk_full

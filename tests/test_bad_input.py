@@ -538,14 +538,14 @@ def test_a_full_disk_is_said_and_leaves_the_preset_as_it_was(preset, monkeypatch
         assert sorted(os.listdir(tmp_path)) == ["preset"]  # nothing left behind
 
 
-def _fake_write(model, saved_model, beam_size, alpha, max_length_offset, jit_compile=False, ensemble=False):
+def _fake_write(model, saved_model, settings, target_prefix=None, jit_compile=False, ensemble=False):
     """What the SavedModel writer writes (test_export.py runs the real
     one): the SavedModel's entries, which say their beam size."""
     for name in ("variables", "assets"):
         os.makedirs(os.path.join(saved_model, name))
     for name in ("saved_model.pb", "fingerprint.pb"):
         with open(os.path.join(saved_model, name), "w") as f:
-            f.write(f"beam {beam_size}")
+            f.write(f"beam {settings.beam_size}")
 
 
 def _fake_tensorflow_export(model, saved_model, staging, search, dtype=None, quantize=None):

@@ -12,7 +12,7 @@ from keras import ops
 from keras_transformer.decoding import greedy_search
 from keras_transformer.decoding.beam import loop_batch_size
 from keras_transformer.decoding.beam import beam_search
-from keras_transformer.decoding.beam import length_penalty
+from keras_transformer.decoding.rules import length_penalty
 from keras_transformer.models import TransformerBackbone
 from keras_transformer.models import TransformerSeq2SeqLM
 
@@ -165,9 +165,9 @@ def test_batches_of_different_lengths_equal_one_by_one():
 def test_sources_leave_the_batch_without_changing_results(mode, monkeypatch):
     """Where steps are compiled per shape (JAX, TensorFlow) done sources
     leave the batch in powers of two, with filler; where they are not
-    (PyTorch) at every step, and the first step runs one beam a source.
-    Either way each source gets what it gets alone. In segments, each call
-    of compiled code runs until the batch shrinks or the cache grows."""
+    (PyTorch) at every step. Either way each source gets what it gets
+    alone. In segments, each call of compiled code runs until the batch
+    shrinks or the cache grows."""
     from keras_transformer.decoding import beam
 
     kept = []  # (live sources, batch slots, slots kept) at each step (at each segment's end)
@@ -192,7 +192,7 @@ def test_sources_leave_the_batch_without_changing_results(mode, monkeypatch):
         return encode, first_step_rows
 
     segments, grown = [], []
-    original_segments, original_grown = beam.search_segment_function, beam._grown
+    original_segments, original_states = beam.search_segment_function, beam.search_state_functions
 
     def recording_segments(*args):
         segment = original_segments(*args)
@@ -203,15 +203,20 @@ def test_sources_leave_the_batch_without_changing_results(mode, monkeypatch):
 
         return counted
 
-    def recording_grown(function, state, length):
-        grown.append(length)
-        return original_grown(function, state, length)
+    def recording_states(model, beam_size):
+        initial, kept, grow = original_states(model, beam_size)
+
+        def recording_grow(state, length):
+            grown.append(length)
+            return grow(state, length=length)
+
+        return initial, kept, recording_grow
 
     monkeypatch.setattr(beam, "compiles_steps", lambda: mode != "eager")
     monkeypatch.setattr(beam, "_slots_to_keep", recording)
     monkeypatch.setattr(beam, "decoding_functions", recording_functions)
     monkeypatch.setattr(beam, "search_segment_function", recording_segments)
-    monkeypatch.setattr(beam, "_grown", recording_grown)
+    monkeypatch.setattr(beam, "search_state_functions", recording_states)
     model = tiny_model(seed=5)  # outputs run to their budgets: sources end one by one
     sources = [[START] + [4 + (i * j) % 2 for j in range(i)] + [END] for i in range(1, 12)]
     settings = dict(beam_size=3, max_length_offset=5)
@@ -234,9 +239,9 @@ def test_sources_leave_the_batch_without_changing_results(mode, monkeypatch):
         assert len(segments) == len(shrinks) + len(grown) + 1, (segments, kept, grown)
         assert segments[0] == len(sources) and segments[-1] == 8, segments
     else:
-        # The first step: one row a source (its one live beam), or, compiled,
-        # the k beams' rows that every later step has.
-        assert first_rows[0] == len(sources) * (3 if mode == "steps" else 1)
+        # The first step: the k beams' rows that every later step has (only
+        # the first beam of a source is live).
+        assert first_rows[0] == len(sources) * 3
     if mode != "eager":
         assert all(keep & (keep - 1) == 0 and live <= keep for live, _, keep in shrinks), kept
         # Never below 8 slots: each smaller size would compile every step again.
@@ -367,7 +372,7 @@ def test_a_batch_searched_in_parts_at_once_equals_one_search(monkeypatch):
 
     searches = []  # (thread, sources) of each search
     # (Where steps are compiled, each part is searched in segments of steps.)
-    name = "_search" if keras.config.backend() == "torch" else "_search_in_segments"
+    name = "_host_search"
     original = getattr(beam, name)
     # Each part waits until all three have started: they run at once (a
     # part searched after another would break the barrier when it times out).
@@ -418,11 +423,12 @@ def test_a_few_sentences_at_a_time_run_in_one_loop_where_the_backend_compiles_it
     sources = [[START, 4, 5, END]]
     # (The budget does not choose the way: a short one, few steps.)
     beam_search(model, sources, max_length_offset=4)
-    compiled_loops = getattr(getattr(model, "_decoding_loops", None), "by_settings", None)
+    compiled = getattr(getattr(model, "_decoding_loops", None), "by_settings", {})
+    loops = [key for key in compiled if key[0] == "loop"]
     if keras.config.backend() in ("jax", "tensorflow"):
-        assert compiled_loops and getattr(model, "_decoding_functions", None) is None
+        assert loops and getattr(model, "_decoding_functions", None) is None
     else:
-        assert not compiled_loops and getattr(model, "_decoding_functions", None) is not None
+        assert not loops and getattr(model, "_decoding_functions", None) is not None
     beam_search(model, sources * (loop_batch_size(model) + 1), max_length_offset=4)  # a larger batch: the host search
     assert getattr(model, "_decoding_functions", None) is not None
 
@@ -535,11 +541,14 @@ def test_search_needs_only_the_decoding_interface():
 
 
 @pytest.mark.parametrize("kind", ["gnmt", "length"])
-def test_search_rules_agree_in_numpy_and_in_the_graph(kind):
-    """The SavedModel's search runs the same rules on tensors."""
+def test_search_rules_agree_on_numbers_and_on_tensors(kind):
+    """The rules' formulas give the same on NumPy numbers, on TensorFlow's
+    NumPy and in the search's own namespace (`runtime.array_ops`), as the
+    search runs them on each backend."""
     import tensorflow.experimental.numpy as tnp
 
     from keras_transformer.decoding import rules
+    from keras_transformer.runtime.array_ops import array_ops
 
     lengths = np.array([1, 2, 7, 30, 51])
     np.testing.assert_allclose(
@@ -570,7 +579,7 @@ def test_search_rules_agree_in_numpy_and_in_the_graph(kind):
         device = rules.search_is_over(
             ops.convert_to_tensor(count), ops.convert_to_tensor(best_live, "float32"),
             ops.convert_to_tensor(nth, "float32"), ops.convert_to_tensor(kth, "float32"),
-            ops.convert_to_tensor(length), ops.convert_to_tensor(budget), 4, 1, 0.6, kind, xp=rules.KerasOps,
+            ops.convert_to_tensor(length), ops.convert_to_tensor(budget), 4, 1, 0.6, kind, xp=array_ops(),
             dtype="float32",
         )
         assert bool(ops.convert_to_numpy(device)) == bool(host), (count, best_live, nth, kth)
@@ -675,7 +684,7 @@ def test_step_outputs_read_back_as_keras_reads_them(dtype):
     """`compiled.to_numpy` (how a search reads its steps' candidates back)
     gives Keras' `convert_to_numpy`: the same values and dtype, in an array
     of its own (writing to it leaves the tensor as it was)."""
-    from keras_transformer.decoding.compiled import to_numpy
+    from keras_transformer.runtime.array_ops import to_numpy
 
     values = np.array([[1.5, -2.25, 3.0], [0.0, 7.0, -1.0]], "float32")
     tensor = ops.cast(ops.convert_to_tensor(values), dtype)

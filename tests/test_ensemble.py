@@ -10,7 +10,7 @@ from keras import ops
 
 from keras_transformer.decoding import Ensemble
 from keras_transformer.decoding import beam_search
-from keras_transformer.decoding.beam import length_penalty
+from keras_transformer.decoding.rules import length_penalty
 
 from helpers import once
 from test_beam_search import END

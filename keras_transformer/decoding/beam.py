@@ -14,23 +14,23 @@ ended, adding to their scores; here a hypothesis that emits the end token is
 set aside, finished, and never extended again.
 
 The search's rules (output budget, candidates, ranking, maximum length,
-stopping) are written once in `rules.py`. This module's host search drops
-sources that are done from the batch and grows the self-attention cache as
-outputs grow. On PyTorch it runs the rules on the host between eager steps
-(`interface.decoding_functions`); on JAX and TensorFlow each call of
-compiled code runs a segment of steps with the rules on the device
-(`loop.search_segment`), until the batch should shrink or the cache grow
-(which compiled functions do too: `loop.kept_slots`, `loop.grown_state`).
-For a few sources at a time on JAX and TensorFlow the whole search runs in
-one compiled loop instead (`loop.search_loop`, which the SavedModel runs
-too), and on their CPUs a large batch is searched in parts at once, one a
-core (`compiled.concurrent_parts`). With `beam_size=1` this is greedy
+stopping) are written once in `rules.py`, and the search's step once in
+`search.py`. This module drives it. Its host search drops sources that are
+done from the batch and grows the self-attention cache as outputs grow
+(`search.kept_slots`, `search.grown_state`): on PyTorch, and for
+ensembles, a decoder step (`interface.decoding_functions`) and the
+search's step (`search.advance`) a call; on JAX and TensorFlow a
+compiled segment of steps a call (`loop.search_segment`), until the batch
+should shrink or the cache grow. For a few sources at a time on JAX and
+TensorFlow the whole search runs in one compiled loop instead
+(`loop.search_loop`, which the SavedModel runs too), and on their CPUs a
+large batch is searched in parts at once, one a core
+(`compiled.concurrent_parts`). With `beam_size=1` this is greedy
 decoding.
 """
 
 import functools
 from concurrent.futures import ThreadPoolExecutor
-from typing import NamedTuple
 
 import keras
 import numpy as np
@@ -39,23 +39,19 @@ from keras import ops
 from keras_transformer.decoding.compiled import compiles_steps
 from keras_transformer.decoding.compiled import compiles_whole_loops
 from keras_transformer.decoding.compiled import concurrent_parts
-from keras_transformer.decoding.compiled import id_list
-from keras_transformer.decoding.compiled import to_numpy
 from keras_transformer.decoding.ensemble import Ensemble
+from keras_transformer.decoding.interface import advance_function
 from keras_transformer.decoding.interface import decoding_functions
 from keras_transformer.decoding.interface import search_loop_function
 from keras_transformer.decoding.interface import search_segment_function
 from keras_transformer.decoding.interface import search_state_functions
 from keras_transformer.decoding.interface import segment_holds_beam_caches
-from keras_transformer.decoding.loop import padded_caches
-from keras_transformer.decoding.rules import LENGTH_PENALTIES
-from keras_transformer.decoding.rules import length_penalty
 from keras_transformer.decoding.rules import output_budgets
-from keras_transformer.decoding.rules import search_is_over
-from keras_transformer.layers.direct_calls import take_rows
+from keras_transformer.decoding.settings import DecodingSettings
 from keras_transformer.layers.direct_calls import unchanged_weights
+from keras_transformer.runtime.array_ops import id_list
+from keras_transformer.runtime.array_ops import to_numpy
 
-_penalty = length_penalty  # `beam_search`'s argument of the same name hides it
 
 # Positions by which the self-attention cache grows (a multiple of 8).
 CACHE_CHUNK = 16
@@ -136,13 +132,6 @@ def pad_sources(sources, pad_id, max_length=None, multiple=8):
     return encoder_ids, (encoder_ids != pad_id).astype("int32")
 
 
-def _grow_self_attention_cache(cache, length):
-    """Zero-pads every self-attention key/value cache, `(batch, heads,
-    positions, d)`, to `length` positions (the encoder-decoder caches as
-    they are)."""
-    return list(zip(padded_caches([self_cache for self_cache, _ in cache], length), [cross for _, cross in cache]))
-
-
 def round_up(value, multiple):
     return -(-value // multiple) * multiple
 
@@ -155,17 +144,7 @@ def loop_cache_length(source_length, max_length_offset, limit, xp=np):
     return xp.minimum(round_up(source_length + max_length_offset + 1, 8), limit)
 
 
-def beam_search(
-    model,
-    sources,
-    beam_size=4,
-    alpha=0.6,
-    max_length_offset=50,
-    num_results=1,
-    length_penalty="gnmt",
-    functions=None,
-    in_loop=None,
-):
+def beam_search(model, sources, settings=None, functions=None, in_loop=None, **setting_values):
     """Translates token id sequences with beam search.
 
     Args:
@@ -173,26 +152,16 @@ def beam_search(
             such as a `TransformerSeq2SeqLM`.
         sources: a list of source token id lists (start and end tokens
             included); an empty list gives an empty result.
-        beam_size: live hypotheses per source (the paper: 4).
-        alpha: length penalty exponent (the paper: 0.6; 0 ranks by raw
-            log-probability).
-        max_length_offset: at most source length + this many output tokens
-            (the paper: 50), and never more than the model's
-            `max_sequence_length` allows.
-        num_results: how many best hypotheses to return per source (at most
-            `beam_size`).
-        length_penalty: `"gnmt"` (the paper's) or `"length"` (|Y| **
-            alpha), which also stops as transformers' beam search does
-            (`early_stopping=False`), so that it gives transformers'
-            outputs.
-        functions: the `(encode, step)` pair to run a step a call, ranking
-            on the host (another pair times other ways of running a step,
-            as `benchmarks/decode.py` does). By default PyTorch runs the
-            model's `decoding_functions(model)` so, and so do ensembles
+        settings: a `DecodingSettings`; or give its fields as keywords
+            (`beam_size=4, alpha=0.6, max_length_offset=50, num_results=1,
+            length_penalty="gnmt", target_prefix=()`).
+        functions: the `(encode, step)` pair to run a step a call (another
+            pair times other ways of running a step, as
+            `benchmarks/decode.py` does; see `interface.decoding_functions`
+            for their signatures). By default PyTorch runs the model's
+            `decoding_functions(model)` so, and so do ensembles
             (`decoding.ensemble.Ensemble`); JAX and TensorFlow run
-            segments of steps (`loop.search_segment`). Where steps are not
-            compiled (PyTorch), the first step runs one beam a source and
-            `step` is given `beam_size=beam_size`.
+            segments of steps (`loop.search_segment`).
         in_loop: run the whole search in one compiled loop (`loop.py`):
             by default on JAX and TensorFlow for batches of at most
             `loop_batch_size(model)` sources; `False` runs the host search.
@@ -202,7 +171,11 @@ def beam_search(
         log_probability)` tuples, best first; token ids exclude the start
         and end tokens. Empty sources give `[]`.
     """
-    _check_arguments(beam_size, num_results, alpha, length_penalty)
+    if settings is None:
+        settings = DecodingSettings(**setting_values)
+    elif setting_values:
+        raise TypeError(f"Give settings or its fields as keywords, not both: got {sorted(setting_values)} too.")
+    settings.check_for(model.backbone.vocabulary_size, model.special_token_ids.never_output)
     # Lists of ints, whether given as lists, arrays or tensors (on any
     # device: NumPy reads only the CPU's).
     sources = [id_list(ids, "int32") for ids in sources]
@@ -210,17 +183,9 @@ def beam_search(
     rows = [i for i, ids in enumerate(sources) if ids]
     if not rows:
         return results
-    settings = _Settings(
-        beam_size, num_results, alpha, length_penalty, model.special_token_ids.end, model.backbone.vocabulary_size
-    )
     if in_loop is None:
         in_loop = functions is None and compiles_whole_loops() and len(rows) <= loop_batch_size(model)
-    if in_loop:
-        search = _search_in_loop
-    elif functions is None and compiles_whole_loops() and not isinstance(model, Ensemble):
-        search = _search_in_segments
-    else:
-        search = _search
+    search = _search_in_loop if in_loop else _host_search
     # (Asking the backend for its devices only where a batch has two parts' sources.)
     parts = 1 if in_loop else len(rows) // MIN_PART_SOURCES
     parts = min(concurrent_parts(), parts) if parts > 1 else 1
@@ -229,9 +194,9 @@ def beam_search(
     # No weight changes while a search runs: PyTorch's steps check what
     # they hold of the weights once (`direct_calls.unchanged_weights`).
     with unchanged_weights():
-        finished = search(model, [sources[i] for i in rows], max_length_offset, settings, functions)
+        finished = search(model, [sources[i] for i in rows], settings, functions)
     for source, i in enumerate(rows):
-        ranked = sorted(finished[source], key=lambda item: -item[0])[:num_results]
+        ranked = sorted(finished[source], key=lambda item: -item[0])[: settings.num_results]
         results[i] = [(ids, float(score), float(log_prob)) for score, log_prob, ids in ranked]
     return results
 
@@ -247,155 +212,94 @@ def loop_batch_size(model):
     return LOOP_BATCH_SIZES[keras.config.backend()]
 
 
-def _search(model, sources, max_length_offset, settings, functions):
-    """`beam_search` of non-empty sources: each source's finished
-    hypotheses, `(score, log_prob, token_ids)`, in no order."""
-    special = model.special_token_ids
-    batch, k = len(sources), settings.beam_size
+def _host_search(model, sources, settings, functions=None):
+    """The search of non-empty sources driven from the host: each source's
+    best `beam_size` finished hypotheses, `(score, log_prob, token_ids)`,
+    in no order.
+
+    Each call runs the search (`search.py`) from a state until the batch
+    should shrink or the self-attention cache grow, which happens here
+    between calls: on JAX and TensorFlow a compiled segment of steps
+    (`loop.search_segment`); for ensembles, for `functions` and on
+    PyTorch, one decoder step and the search's step (`search.advance`).
+    Where steps are compiled for each shape (JAX, TensorFlow), shapes are
+    kept to a few: sources padded to a multiple of 8 positions, done
+    sources leaving in powers of two (`_slots_to_keep`). Where they are
+    not (PyTorch), sources are padded to the longest and leave at once.
+
+    A segment of steps a call saves what a call costs at every step: its
+    arguments (the model's weights among them), and two parts of a batch
+    searched at once (`_search_in_parts`) waiting in turn for Python's
+    interpreter lock.
+    """
+    special, k = model.special_token_ids, settings.beam_size
     limit = model.backbone.max_sequence_length
-    # Where steps are compiled for each shape (JAX, TensorFlow), shapes are
-    # kept to a few: sources padded to a multiple of 8 positions, done
-    # sources leaving in powers of two (`_slots_to_keep`). Where they are
-    # not (PyTorch), sources are padded to the longest and leave at once.
     compiled_steps = compiles_steps()
     encoder_ids, encoder_mask = pad_sources(sources, special.pad, limit, 8 if compiled_steps else 1)
-    budgets = output_budgets(sources, max_length_offset, limit)
+    budgets = output_budgets(sources, settings.max_length_offset, limit).astype("int32")
     max_length = min(round_up(int(budgets.max()) + 1, 8), limit)
-
+    segments = functions is None and compiles_whole_loops() and not isinstance(model, Ensemble)
     encode, step = functions or decoding_functions(model)
-    _, cross_caches = encode(encoder_ids, encoder_mask)
-    # The self-attention cache grows by `chunk` positions when full:
-    # each step reorders it to the beams' parents and attends over all of
-    # it, so its length, not the maximum output length, sets the step's cost.
-    # The encoder's keys and values (and padding mask) stay one row a
-    # source: the k beams of a source, consecutive rows, all read it.
-    # Only one beam a source is live at the start (the others would repeat
-    # it): the first step runs it alone, one row a source, and the k beams
-    # then read that row's cache; where steps are compiled, it runs next to
-    # k - 1 beams of probability 0 instead, for one shape throughout.
-    beams = k if compiled_steps else 1
-    chunk = CACHE_CHUNK if compiled_steps else EAGER_CACHE_CHUNK
-    cache_length = min(chunk, max_length)
-    cache = list(zip(model.empty_self_attention_cache(batch * beams, cache_length), cross_caches))
-    parents_flat = np.arange(batch * beams, dtype="int32")
-
-    tokens = np.full((batch * beams,), special.start, "int32")
-    sequences = np.zeros((batch, beams, 0), "int32")
-    log_probs = np.full((batch, beams), -np.inf, "float32")
-    log_probs[:, 0] = 0.0
-    finished = [[] for _ in range(batch)]  # per source: (score, log_prob, token_ids)
-    # The batch's slots: which source each holds. Sources that are done
-    # leave the batch (see below); `done` marks those still in it.
-    slots = np.arange(batch)
-    done = np.zeros(batch, bool)
-
-    for index in range(max_length - 1):
-        if index == cache_length:
-            cache_length = min(cache_length + chunk, max_length)
-            cache = _grow_self_attention_cache(cache, cache_length)
-        values, indices, cache = step(
-            tokens[:, None], np.asarray(index, "int32"), cache, encoder_mask, parents_flat, log_probs,
-            **({} if beams == k else {"beam_size": k}),
-        )
-        # The 2k best extensions of each source's beams, best first: their
-        # log-probabilities and flat indices into (beam, token).
-        candidates = to_numpy(values).astype("float64")
-        order = to_numpy(indices)
-        if candidates.shape[1] < 2 * k:  # a first beam with fewer extensions
-            missing = ((0, 0), (0, 2 * k - candidates.shape[1]))
-            candidates, order = np.pad(candidates, missing, constant_values=-np.inf), np.pad(order, missing)
-
-        size = len(slots)
-        length = index + 1
-        searching = [finished[source] for source in slots]
-        new_log_probs, parents, new_tokens, live = _rank(
-            settings, candidates, order, sequences, done, length, searching, special.pad
-        )
-        done = _sources_done(
-            settings, new_log_probs, parents, new_tokens, live, sequences, done, length, budgets[slots], searching
-        )
-        if done.all():
-            break
-        # Row indices into the cache, as the next step reads it.
-        parents_flat = (np.arange(size)[:, None] * beams + parents).reshape(-1).astype("int32")
-        beams = k
-        sequences = np.concatenate(
-            [sequences[np.arange(size)[:, None], parents], new_tokens[:, :, None]], axis=2
-        )
-        log_probs = np.where(done[:, None], -np.inf, new_log_probs).astype("float32")
-        tokens = new_tokens.reshape(-1)
-
-        keep = _slots_to_keep(done, compiled_steps)
-        if len(keep) < size:
-            beam_rows = (keep[:, None] * k + np.arange(k)).reshape(-1)
-            # The next step's reorder of the self-attention caches also drops
-            # the rows that leave; the encoder's keys and values drop here.
-            parents_flat = parents_flat[beam_rows]
-            rows = ops.convert_to_tensor(keep, "int32")
-            cache = [
-                (self_cache, (take_rows(keys, rows), take_rows(values, rows))) for self_cache, (keys, values) in cache
-            ]
-            encoder_mask, tokens = encoder_mask[keep], tokens[beam_rows]
-            sequences, log_probs, done, slots = sequences[keep], log_probs[keep], done[keep], slots[keep]
-
-    return finished
-
-
-def _search_in_segments(model, sources, max_length_offset, settings, functions=None):
-    """`_search` where steps are compiled (JAX, TensorFlow): the same rules
-    and the same batch sizes, but each call of compiled code runs steps
-    until the batch should shrink or the cache grow (`loop.search_segment`,
-    the search's rules on the device), not one: a few calls a batch, not
-    one a step. Each source's best `beam_size` finished hypotheses,
-    `(score, log_prob, token_ids)`, in no order.
-
-    A host search pays at every step for a call of compiled code (its
-    arguments, the model's weights among them) and for ranking on the host
-    (NumPy calls); two parts of a batch searched at once (`_search_in_parts`)
-    waited in turn for Python's interpreter lock to do it.
-    """
-    special = model.special_token_ids
-    batch, k = len(sources), settings.beam_size
-    limit = model.backbone.max_sequence_length
-    encoder_ids, encoder_mask = pad_sources(sources, special.pad, limit)
-    budgets = output_budgets(sources, max_length_offset, limit).astype("int32")
-    max_length = min(round_up(int(budgets.max()) + 1, 8), limit)
-    segment = search_segment_function(model, k, settings.num_results, settings.alpha, settings.kind)
-    _, cross = decoding_functions(model)[0](encoder_ids, encoder_mask)
-
-    chunk = CACHE_CHUNK if segment_holds_beam_caches(model) else SEGMENT_CACHE_CHUNK
+    _, cross = encode(encoder_ids, encoder_mask)
+    if segments:
+        run = _segment_runner(model, settings)
+        chunk = CACHE_CHUNK if segment_holds_beam_caches(model) else SEGMENT_CACHE_CHUNK
+    else:
+        run = _step_runner(model, settings, step)
+        chunk = CACHE_CHUNK if compiled_steps else EAGER_CACHE_CHUNK
     cache_length = min(chunk, max_length)
     initial, kept, grown = search_state_functions(model, k)
-    state = initial(batch=batch, length=cache_length)
-    slots = np.arange(batch)  # which source each slot of the batch holds
-    finished = [[] for _ in range(batch)]
+    state = initial(batch=len(sources), length=cache_length, beam_caches=segments)
+    slots = np.arange(len(sources))  # which source each slot of the batch holds
+    finished = [[] for _ in sources]
     while True:
-        min_live = _largest_power_of_two_below(len(slots)) if len(slots) > MIN_COMPILED_SLOTS else 0
-        state = segment(state, encoder_mask, cross, budgets[slots], np.asarray(min_live, "int32"))
+        state = run(state, encoder_mask, cross, budgets[slots], len(slots))
         index, done = int(to_numpy(state[0])), to_numpy(state[7])
-        keep = np.zeros(0, "int64") if done.all() else _slots_to_keep(done)
+        keep = np.zeros(0, "int64") if done.all() else _slots_to_keep(done, compiled_steps)
         if len(keep) < len(slots):
             leaving = np.setdiff1d(np.arange(len(slots)), keep)
             _collect(finished, slots[leaving], [to_numpy(x)[leaving] for x in state[5]])
         if done.all():
             return finished
         if len(keep) < len(slots):
-            state, cross = _kept(kept, state, cross, keep)
+            # (Where steps run eagerly, the next step's reorder of the
+            # self-attention caches drops the rows that leave.)
+            state, cross = kept(state, cross, keep.astype("int32"), reorder_later=not compiled_steps)
             encoder_mask, slots = encoder_mask[keep], slots[keep]
         if index == cache_length:
             cache_length = min(cache_length + chunk, max_length)
-            state = _grown(grown, state, cache_length)
+            state = grown(state, length=cache_length)
 
 
-def _kept(kept, state, cross, keep):
-    """`kept(state, cross, keep)` (`loop.kept_slots`, compiled) of the
-    slots `keep`."""
-    return kept(state, cross, keep.astype("int32"))
+def _segment_runner(model, settings):
+    """`run(state, encoder_mask, cross, budgets, slots)` of `_host_search`:
+    a compiled segment of steps (`loop.search_segment`), until at most
+    half the slots' sources search (the batch then shrinks: `_slots_to_keep`)."""
+    segment = search_segment_function(model, settings)
+
+    def run(state, encoder_mask, cross, budgets, slots):
+        min_live = _largest_power_of_two_below(slots) if slots > MIN_COMPILED_SLOTS else 0
+        return segment(state, encoder_mask, cross, budgets, np.asarray(min_live, "int32"))
+
+    return run
 
 
-def _grown(grown, state, length):
-    """`grown(state, length=length)` (`loop.grown_state`, compiled)."""
-    return grown(state, length=length)
+def _step_runner(model, settings, step):
+    """`run(state, encoder_mask, cross, budgets, slots)` of `_host_search`:
+    one decoder step (`step`, as `interface.decoding_functions` makes
+    it), then the search's step (`search.advance`)."""
+    advance = advance_function(model, settings)
+    step_settings = settings.replace(max_length_offset=0, num_results=1)  # (what the step reads)
+
+    def run(state, encoder_mask, cross, budgets, slots):
+        index, tokens, parents, _, log_probs, _, _, _, caches = state
+        values, flat, cache = step(
+            tokens[:, None], np.asarray(to_numpy(index), "int32"), list(zip(caches, cross)), encoder_mask, parents,
+            log_probs, settings=step_settings,
+        )
+        return advance(state, values, flat, [self_cache for self_cache, _ in cache], budgets)
+
+    return run
 
 
 def _largest_power_of_two_below(size):
@@ -405,9 +309,9 @@ def _largest_power_of_two_below(size):
 
 
 def _collect(finished, sources, hypotheses):
-    """Appends to `finished[source]` each finished hypothesis of the
-    `loop.search_segment` state's `(token_ids, lengths, scores, log_probs)`
-    (rows in the order of `sources`)."""
+    """Appends to `finished[source]` each finished hypothesis of the search
+    state's `(token_ids, lengths, scores, log_probs)` (rows in the order
+    of `sources`)."""
     token_ids, lengths, scores, log_probs = hypotheses
     for row, source in enumerate(sources):
         for j in np.flatnonzero(np.isfinite(scores[row])):
@@ -416,15 +320,14 @@ def _collect(finished, sources, hypotheses):
             )
 
 
-def _search_in_parts(parts, search_part, model, sources, max_length_offset, settings, functions):
-    """`search_part` (`_search` or `_search_in_segments`) of `parts` parts
-    of the sources at once, each in a thread of its own
-    (`compiled.concurrent_parts`), the sources interleaved (a batch sorted
-    by length gives each part alike)."""
+def _search_in_parts(parts, search_part, model, sources, settings, functions):
+    """`search_part` (`_host_search`) of `parts` parts of the sources at
+    once, each in a thread of its own (`compiled.concurrent_parts`), the
+    sources interleaved (a batch sorted by length gives each part alike)."""
     groups = [list(range(part, len(sources), parts)) for part in range(parts)]
 
     def search(group):
-        return search_part(model, [sources[i] for i in group], max_length_offset, settings, functions)
+        return search_part(model, [sources[i] for i in group], settings, functions)
 
     with ThreadPoolExecutor(parts) as pool:
         found = list(pool.map(search, groups))
@@ -435,8 +338,8 @@ def _search_in_parts(parts, search_part, model, sources, max_length_offset, sett
     return finished
 
 
-def _search_in_loop(model, sources, max_length_offset, settings, functions=None):
-    """`_search` as one compiled loop (`loop.search_loop`): each source's
+def _search_in_loop(model, sources, settings, functions=None):
+    """The search as one compiled loop (`loop.search_loop`): each source's
     `num_results` best finished hypotheses.
 
     The loop's self-attention cache first holds `FIRST_LOOP_POSITIONS`
@@ -457,12 +360,12 @@ def _search_in_loop(model, sources, max_length_offset, settings, functions=None)
     """
     limit = model.backbone.max_sequence_length
     encoder_ids, encoder_mask = pad_sources(sources, model.special_token_ids.pad, limit)
-    budgets = output_budgets(sources, max_length_offset, limit).astype("int32")
-    max_length = int(loop_cache_length(encoder_ids.shape[1], max_length_offset, limit))
+    budgets = output_budgets(sources, settings.max_length_offset, limit).astype("int32")
+    max_length = int(loop_cache_length(encoder_ids.shape[1], settings.max_length_offset, limit))
     first = max_length
     if FIRST_LOOP_POSITIONS:
         first = min(round_up(encoder_ids.shape[1] + FIRST_LOOP_POSITIONS, 8), max_length)
-    search = search_loop_function(model, settings.beam_size, settings.num_results, settings.alpha, settings.kind)
+    search = search_loop_function(model, settings)
     for length in dict.fromkeys((first, max_length)):  # (one search where they are equal)
         *found, done = search(encoder_ids, encoder_mask, budgets, np.zeros(length, "int32"))
         if bool(ops.convert_to_numpy(done)):
@@ -473,96 +376,6 @@ def _search_in_loop(model, sources, max_length_offset, settings, functions=None)
          for j in range(settings.num_results) if np.isfinite(scores[row, j])]
         for row in range(len(sources))
     ]
-
-
-def _check_arguments(beam_size, num_results, alpha, kind):
-    if beam_size < 1:
-        raise ValueError(f"beam_size must be at least 1, got {beam_size}.")
-    if not 1 <= num_results <= beam_size:
-        raise ValueError(f"num_results must be between 1 and beam_size={beam_size}, got {num_results}.")
-    if alpha < 0:
-        raise ValueError(f"alpha must be >= 0, got {alpha}.")
-    if kind not in LENGTH_PENALTIES:
-        raise ValueError(f"Unknown length_penalty {kind!r}; expected one of {LENGTH_PENALTIES}.")
-
-
-class _Settings(NamedTuple):
-    beam_size: int
-    num_results: int
-    alpha: float
-    kind: str
-    end_id: int
-    vocabulary_size: int
-
-
-def _rank(settings, candidates, order, sequences, done, length, finished, pad_id):
-    """Rule 3 (see `rules.py`) for the sources still searching (rows not
-    `done`), all at once: end tokens among a source's best `beam_size`
-    candidates finish hypotheses (appended to its list in `finished` as
-    `(score, log_prob, ids)`); its best `beam_size` other candidates stay
-    live, best first.
-
-    Args:
-        candidates, order: `(rows, 2 * beam_size)`, each source's best
-            extensions (`rules.best_extensions`): log-probabilities, best
-            first, and flat indices `beam * vocabulary_size + token`.
-        sequences: `(rows, beams, length - 1)` the beams' tokens.
-
-    Returns:
-        `(log_probs, parents, tokens, live)`: the live beams' values, each
-        `(rows, beam_size)` (`-inf`, 0 and `pad_id` where fewer are live),
-        and how many each source has.
-    """
-    k = settings.beam_size
-    parent, token = np.divmod(order.astype("int64"), settings.vocabulary_size)
-    usable = np.isfinite(candidates)
-    usable[done] = False
-    is_end = token == settings.end_id
-    ends = usable[:, :k] & is_end[:, :k]
-    if ends.any():
-        penalty = _penalty(length, settings.alpha, settings.kind)
-        for row, rank in zip(*np.nonzero(ends)):
-            value = candidates[row, rank]
-            finished[row].append((value / penalty, value, sequences[row, parent[row, rank]].tolist()))
-    others = usable & ~is_end
-    chosen = others & (np.cumsum(others, axis=1) <= k)
-    picks = np.argsort(~chosen, axis=1, kind="stable")[:, :k]  # the chosen, in rank order
-    # (Indexing by rows and picks, not `np.take_along_axis`: run at every
-    # step on a few numbers, this function's time is NumPy's call overhead.)
-    rows = np.arange(len(picks))[:, None]
-    live = chosen[rows, picks]
-    dead = ~live
-    log_probs, parents, tokens = candidates[rows, picks], parent[rows, picks], token[rows, picks].astype("int32")
-    log_probs[dead], parents[dead], tokens[dead] = -np.inf, 0, pad_id
-    return log_probs, parents, tokens, live.sum(axis=1)
-
-
-def _sources_done(settings, log_probs, parents, tokens, live, sequences, done, length, budgets, finished):
-    """Rules 4 and 5 after `_rank`, all sources at once: at its budget a
-    source's live beams finish as they are (appended to `finished`) and it
-    is done; otherwise it is done with no live beam or by
-    `rules.search_is_over`. Returns the new `done`."""
-    k, n = settings.beam_size, settings.num_results
-    at_budget = ~done & (length >= budgets)
-    if at_budget.any():
-        penalty = _penalty(length, settings.alpha, settings.kind)
-        for row in np.flatnonzero(at_budget):
-            for beam in range(live[row]):
-                ids = sequences[row, parents[row, beam]].tolist() + [int(tokens[row, beam])]
-                finished[row].append((log_probs[row, beam] / penalty, log_probs[row, beam], ids))
-    # The n-th and k-th best finished scores (-inf while fewer).
-    best = np.full((len(done), k), -np.inf)
-    counts = np.zeros(len(done), "int64")
-    for row, hypotheses in enumerate(finished):
-        counts[row] = len(hypotheses)
-        if len(hypotheses) >= n and not done[row]:  # (with fewer, rule 5 waits)
-            scores = sorted((score for score, _, _ in hypotheses), reverse=True)[:k]
-            best[row, : len(scores)] = scores
-    over = search_is_over(
-        counts, log_probs.max(axis=1), best[:, n - 1], best[:, k - 1], length, budgets, k, n,
-        settings.alpha, settings.kind,
-    )
-    return done | at_budget | (live == 0) | over
 
 
 def _slots_to_keep(done, compiled_steps=True):

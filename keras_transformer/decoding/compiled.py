@@ -80,32 +80,6 @@ def compile_for_inference(model, function):
     return function
 
 
-def to_numpy(x):
-    """`keras.ops.convert_to_numpy(x)` of one tensor `x`: on PyTorch, for a
-    CPU tensor of a dtype NumPy has, a copy of its memory through its own
-    `.numpy()` (which refuses the others). Keras' conversion, made for any nest of tensors, took 5 us
-    a tensor where this takes 2, and about 20 inside a search, whose steps
-    leave little of its code in the processor's caches: a search reads two
-    small tensors back at every step, and one sentence at a time Keras'
-    conversions were 3% of a translation's time."""
-    if keras.config.backend() == "torch":
-        import torch
-
-        if isinstance(x, torch.Tensor) and x.device.type == "cpu" and not x.requires_grad:
-            try:
-                return x.numpy().copy()
-            except (TypeError, RuntimeError):  # a dtype NumPy lacks (bfloat16): Keras' conversion
-                pass
-    return keras.ops.convert_to_numpy(x)
-
-
-def id_list(ids, dtype=None):
-    """One sequence of token ids (a list, an array, or a tensor on any
-    device: NumPy reads only the CPU's) as a list of Python numbers, cast
-    to `dtype` first where given."""
-    return np.asarray(to_numpy(ids) if keras.ops.is_tensor(ids) else ids, dtype).reshape(-1).tolist()
-
-
 def compile_for_models(template, function):
     """`function(model, *args)` compiled once for every model built as
     `template` is (the same `structure_key`), reading the weights of

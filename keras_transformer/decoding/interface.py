@@ -23,14 +23,15 @@ from keras_transformer.decoding.compiled import structure_key
 from keras_transformer.decoding.ensemble import Ensemble
 from keras_transformer.decoding.ensemble import log_mean
 from keras_transformer.decoding.ensemble import probabilities_of
-from keras_transformer.decoding.loop import grown_state
-from keras_transformer.decoding.loop import initial_state
-from keras_transformer.decoding.loop import kept_slots
 from keras_transformer.decoding.loop import search_loop
 from keras_transformer.decoding.loop import search_segment
 from keras_transformer.decoding.loop import segment_beam_caches
-from keras_transformer.decoding.rules import best_extensions
 from keras_transformer.decoding.rules import never_output_bias
+from keras_transformer.decoding.search import advance
+from keras_transformer.decoding.search import grown_state
+from keras_transformer.decoding.search import initial_state
+from keras_transformer.decoding.search import kept_slots
+from keras_transformer.decoding.transforms import candidates
 from keras_transformer.layers.direct_calls import in_place_cache_writes
 from keras_transformer.layers.direct_calls import take_rows
 
@@ -102,43 +103,60 @@ class _CompiledLoops:
         self.by_settings = {}
 
 
-def search_loop_function(model, beam_size, num_results, alpha, kind):
-    """`loop.search_loop` of `model` with these settings, compiled for the
-    backend, made once per model and settings: `search(encoder_ids,
-    encoder_mask, budgets, positions)` gives `(token_ids, lengths, scores,
-    log_probs, done)`; `positions`, any int32 vector, has the length of the
-    self-attention cache (so that it is a shape, which compilers see)."""
+def search_loop_function(model, settings):
+    """`loop.search_loop` of `model` with these settings (a
+    `DecodingSettings`), compiled for the backend, made once per model and
+    settings: `search(encoder_ids, encoder_mask, budgets, positions)` gives
+    `(token_ids, lengths, scores, log_probs, done)`; `positions`, any int32
+    vector, has the length of the self-attention cache (so that it is a
+    shape, which compilers see)."""
 
     def search(encoder_ids, encoder_mask, budgets, positions):
-        return search_loop(
-            model, encoder_ids, encoder_mask, budgets, ops.shape(positions)[0], beam_size, num_results,
-            float(alpha), kind,
-        )
+        return search_loop(model, encoder_ids, encoder_mask, budgets, ops.shape(positions)[0], settings)
 
-    return _compiled_once(model, ("loop", beam_size, num_results, float(alpha), kind), search)
+    return _compiled_once(model, ("loop", _search_key(settings)), search)
 
 
-def search_segment_function(model, beam_size, num_results, alpha, kind):
+def search_segment_function(model, settings):
     """`loop.search_segment` of `model` with these settings, compiled for
     the backend, made once per model and settings: `segment(state,
     encoder_mask, cross, budgets, min_live)` gives the state after the
     segment's steps."""
 
     def segment(state, encoder_mask, cross, budgets, min_live):
-        return search_segment(
-            model, state, encoder_mask, cross, budgets, min_live, beam_size, num_results, float(alpha), kind
-        )
+        return search_segment(model, state, encoder_mask, cross, budgets, min_live, settings)
 
-    return _compiled_once(model, ("segment", beam_size, num_results, float(alpha), kind), segment)
+    return _compiled_once(model, ("segment", _search_key(settings)), segment)
+
+
+def advance_function(model, settings):
+    """`search.advance` for `model`'s special tokens and vocabulary with
+    these settings, compiled for the backend (it reads no weights), made
+    once per model and settings: `advance(state, values, flat, caches,
+    budgets)`, for the host search's steps a call."""
+    special, vocabulary_size = model.special_token_ids, model.backbone.vocabulary_size
+
+    def advanced(state, values, flat, caches, budgets):
+        return advance(state, values, flat, caches, budgets, settings, special, vocabulary_size)
+
+    return _compiled_once(model, ("advance", _search_key(settings)), advanced, reads_weights=False)
+
+
+def _search_key(settings):
+    """What of the settings a compiled search depends on (the output
+    budgets are its inputs)."""
+    return settings.replace(max_length_offset=0)
 
 
 def search_state_functions(model, beam_size):
     """The host search's changes of a `loop.search_segment` state between
     segments, compiled for the backend, made once per model and beam size:
-    `(initial, kept, grown)`, where `initial(batch=..., length=...)` is
-    `loop.initial_state`, `kept(state, cross, keep)` is `loop.kept_slots`
-    and `grown(state, length=...)` is `loop.grown_state` (keyword
-    arguments: Python ints).
+    `(initial, kept, grown)`, where `initial(batch=..., length=...,
+    beam_caches=...)` is `search.initial_state` (with the segments' beam
+    caches where `segment_holds_beam_caches` and `beam_caches`), `kept(state,
+    cross, keep, reorder_later=...)` is `search.kept_slots` and
+    `grown(state, length=...)` is `search.grown_state` (keyword arguments:
+    Python values).
 
     Run op by op, they were a fifth of a translation's time 64 sentences
     at a time on JAX (each of their dozens of ops dispatched from Python,
@@ -146,11 +164,12 @@ def search_state_functions(model, beam_size):
     the shipped preset's first model, bfloat16, 2-core AMD EPYC, 7 ms to
     make a state, 3 to drop slots, 3 to grow, against segments of 40 ms.
     """
-    def initial(batch, length):
-        return initial_state(model, batch, beam_size, length, beam_caches=segment_holds_beam_caches(model))
+    def initial(batch, length, beam_caches=True):
+        beam_caches = beam_caches and segment_holds_beam_caches(model)
+        return initial_state(model, batch, beam_size, length, beam_caches=beam_caches)
 
-    def kept(state, cross, keep):
-        return kept_slots(state, cross, keep, beam_size)
+    def kept(state, cross, keep, reorder_later=False):
+        return kept_slots(state, cross, keep, beam_size, reorder_later)
 
     # (They read no weights: compiled without them as inputs.)
     functions = (initial, kept, grown_state)
@@ -228,14 +247,13 @@ def decoding_functions(model):
         def encode(encoder_token_ids, encoder_padding_mask):
             return _model_encode(model, encoder_token_ids, encoder_padding_mask)
 
-        def step(token_ids, index, cache, encoder_padding_mask, parents, log_probs, beam_size=None):
+        def step(token_ids, index, cache, encoder_padding_mask, parents, log_probs, settings):
             cache = _reordered(cache, parents)
             # The reordered caches are new tensors, this step's own: PyTorch
             # writes the new position into them without copying them again.
             with in_place_cache_writes():
                 logits, cache = model.call_decoder_with_cache(token_ids, index, cache, encoder_padding_mask)
-            count = 2 * (beam_size or ops.shape(log_probs)[1])
-            values, indices = best_extensions(logits, log_probs, never_output, count)
+            values, indices = candidates(logits, log_probs, index, never_output, settings)
             return values, indices, cache
 
         functions = (compile_for_inference(model, encode), compile_for_inference(model, step))
@@ -264,8 +282,8 @@ def _ensemble_decoding_functions(ensemble):
             compiled[key] = (compile_for_models(model, _model_encode), compile_for_models(model, _model_step))
         members.append((model, *compiled[key]))
 
-    def rank(probabilities, log_probs, count):
-        return best_extensions(log_mean(probabilities), log_probs, never_output, count)
+    def rank(probabilities, log_probs, index, settings):
+        return candidates(log_mean(probabilities), log_probs, index, never_output, settings)
 
     rank = compile_for_inference(_WITHOUT_WEIGHTS, rank)  # (it reads no weights)
 
@@ -277,7 +295,7 @@ def _ensemble_decoding_functions(ensemble):
             caches.extend(cache)
         return tuple(outputs), caches
 
-    def step(token_ids, index, cache, encoder_padding_mask, parents, log_probs, beam_size=None):
+    def step(token_ids, index, cache, encoder_padding_mask, parents, log_probs, settings):
         probabilities, new_cache = [], []
         for (model, _, model_step), model_cache in zip(members, ensemble.split_cache(cache)):
             model_probabilities, model_cache = model_step(
@@ -285,8 +303,7 @@ def _ensemble_decoding_functions(ensemble):
             )
             probabilities.append(model_probabilities)
             new_cache.extend(model_cache)
-        count = 2 * (beam_size or ops.shape(log_probs)[1])
-        values, indices = rank(probabilities, log_probs, count=count)
+        values, indices = rank(probabilities, log_probs, index, settings=settings)
         return values, indices, new_cache
 
     return encode, step

@@ -1,11 +1,8 @@
 """The rules of beam search (paper section 6.1), written once.
 
-Two searches follow them: `beam.beam_search`, on the host between compiled
-steps, and `loop.search_loop`, one loop on the device (for one sentence at
-a time on JAX and TensorFlow, and in the SavedModel). Each rule here takes
-arrays of a NumPy-like namespace `xp` (NumPy on the host, Keras ops in the
-loop), so a rule changes in one place and both searches give the same
-translations.
+The search (`search.py`) applies them at every step, however it is driven
+(`beam.py`). The formulas take arrays of a NumPy-like namespace `xp`
+(`runtime.array_ops`' in the search, NumPy where a caller has numbers).
 
 The rules:
 
@@ -28,33 +25,6 @@ import math
 
 import numpy as np
 from keras import ops
-
-# "gnmt": the paper's (GNMT's) ((5 + |Y|) / 6) ** alpha; "length": |Y| **
-# alpha, as Hugging Face transformers (and Marian) rank hypotheses.
-LENGTH_PENALTIES = ("gnmt", "length")
-
-
-class KerasOps:
-    """What the rules read of a NumPy-like namespace, from Keras ops: pass
-    `xp=KerasOps` to run a rule on backend tensors."""
-
-    @staticmethod
-    def asarray(x, dtype):
-        return ops.cast(x, dtype)
-
-    minimum = staticmethod(ops.minimum)
-
-
-def check_alpha(alpha):
-    """Refuses a length penalty exponent that is not a finite number >= 0.
-
-    >>> check_alpha(float("nan"))
-    Traceback (most recent call last):
-    ...
-    ValueError: alpha (the length penalty exponent) must be a finite number >= 0, got nan.
-    """
-    if isinstance(alpha, bool) or not isinstance(alpha, (int, float, np.number)) or not np.isfinite(alpha) or alpha < 0:
-        raise ValueError(f"alpha (the length penalty exponent) must be a finite number >= 0, got {alpha!r}.")
 
 
 def length_penalty(length, alpha, kind="gnmt", xp=np, dtype="float64"):

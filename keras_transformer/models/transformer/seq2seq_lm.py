@@ -14,8 +14,7 @@ from keras import ops
 from keras_transformer.decoding.beam import beam_search
 from keras_transformer.decoding.ensemble import Ensemble
 from keras_transformer.decoding.interface import forget_decoding_functions
-from keras_transformer.decoding.rules import LENGTH_PENALTIES
-from keras_transformer.decoding.rules import check_alpha
+from keras_transformer.decoding.settings import DecodingSettings
 from keras_transformer.decoding.samplers import keras_hub_generate_step
 from keras_transformer.decoding.samplers import sample
 from keras_transformer.layers.direct_calls import direct_calls
@@ -371,6 +370,7 @@ class TransformerSeq2SeqLM(PresetIO, keras_hub.models.Seq2SeqLM):
         verbose=0,
         length_penalty="gnmt",
         ensemble=None,
+        target_prefix=None,
     ):
         """Translates sources with the key/value cache (section 6.1).
 
@@ -404,6 +404,11 @@ class TransformerSeq2SeqLM(PresetIO, keras_hub.models.Seq2SeqLM):
                 (the default): the `ensemble_members` of the ensemble preset
                 the model came from, if any (keras-hub samplers: none);
                 `[]`: this model alone.
+            target_prefix: what every output starts with, forced at the
+                first steps (CTranslate2's `target_prefix`, transformers'
+                `forced_bos_token_id`): text (tokenized without start or
+                end token) or token ids. It is part of the output, and its
+                tokens' log-probability counts as 0.
 
         Returns:
             For string inputs, strings; for token ids, lists of ids. With
@@ -421,60 +426,25 @@ class TransformerSeq2SeqLM(PresetIO, keras_hub.models.Seq2SeqLM):
             # keras-hub's samplers decode one model: an ensemble preset's first.
             ensemble = [] if keras_hub_sampler else self.ensemble_members
         ensemble = _check_models(ensemble)
-        if keras_hub_sampler and (num_results > 1 or return_scores or ensemble):
-            raise ValueError("keras-hub samplers give no scores, n-best lists or ensembles; use sampler='beam'.")
-        _check_counts(beam_size=beam_size, num_results=num_results, batch_size=batch_size)
-        # A negative offset is allowed (outputs shorter than their sources):
-        # rules.output_budgets refuses one that leaves a source no token.
-        _check_count("max_length_offset", max_length_offset, minimum=None)
-        check_alpha(alpha)
+        if keras_hub_sampler and (num_results > 1 or return_scores or ensemble or target_prefix is not None):
+            raise ValueError(
+                "keras-hub samplers give no scores, n-best lists, ensembles or target prefixes; use sampler='beam'."
+            )
+        _check_counts(batch_size=batch_size)
+        if sampler == "greedy" and num_results > 1:
+            raise ValueError(f"Greedy decoding gives one result; num_results={num_results} needs sampler='beam'.")
+        settings = DecodingSettings(
+            beam_size=beam_size, alpha=alpha, length_penalty=length_penalty, max_length_offset=max_length_offset,
+            num_results=num_results, target_prefix=self.target_prefix_ids(target_prefix),
+        )
         if sampler == "greedy":
-            if num_results > 1:
-                raise ValueError(f"Greedy decoding gives one result; num_results={num_results} needs sampler='beam'.")
-            beam_size, alpha = 1, 0.0
-        if length_penalty not in LENGTH_PENALTIES:
-            raise ValueError(f"Unknown length_penalty {length_penalty!r}; expected one of {LENGTH_PENALTIES}.")
-        if num_results > beam_size:
-            raise ValueError(f"num_results={num_results} needs beam_size >= {num_results}.")
-        if isinstance(inputs, dict) and set(inputs) == {"encoder_text"}:  # as `fit` takes them
-            inputs = inputs["encoder_text"]
-        from_ids = isinstance(inputs, dict)
-        single = False
-        if from_ids:
-            if not {"encoder_token_ids", "encoder_padding_mask"} <= set(inputs):
-                raise ValueError(
-                    f"generate() got a dict with keys {sorted(inputs)}; it takes `encoder_text` (sources "
-                    "as strings) or `encoder_token_ids` with `encoder_padding_mask`. Decoder prompts "
-                    "(`decoder_text`, `decoder_token_ids`) are not supported: translations start from "
-                    "the start token."
-                )
-            texts = inputs
-            sources = _source_ids(inputs, self.backbone.vocabulary_size)
-        else:
-            texts, single = source_texts(inputs)
-            sources = self._tokenize_sources(texts)
-        # Outputs stay ids for ids, else all are detokenized in one call.
-        decode = (lambda id_lists: id_lists) if from_ids else self._detokenize
+            settings = settings.replace(beam_size=1, alpha=0.0)
+        sources, decode, single = self._generate_sources(inputs)
         if keras_hub_sampler:
             outputs = decode(list(sample(self, sources, sampler, max_length_offset, batch_size)))
             return outputs[0] if single else outputs
-        # Sources of similar length go together (less padding); the
-        # results come back in the order of the inputs.
-        order = sorted(range(len(sources)), key=lambda i: len(sources[i]))
         decoder = self._ensemble_with(ensemble) if ensemble else self
-        results = [None] * len(sources)
-        progress = keras.utils.Progbar(len(sources), verbose=verbose, unit_name="sentence") if verbose else None
-        for start in range(0, len(sources), batch_size):
-            batch = order[start : start + batch_size]
-            found = beam_search(
-                decoder, [sources[i] for i in batch], beam_size=beam_size, alpha=alpha,
-                max_length_offset=max_length_offset, num_results=num_results,
-                length_penalty=length_penalty,
-            )
-            for i, result in zip(batch, found):
-                results[i] = result
-            if progress is not None:
-                progress.add(len(batch))
+        results = _search_in_batches(decoder, sources, settings, batch_size, verbose)
         if num_results > 1 or return_scores:
             # An empty source gives one empty result of score 0.
             results = [result or [([], 0.0, None)] for result in results]
@@ -483,6 +453,40 @@ class TransformerSeq2SeqLM(PresetIO, keras_hub.models.Seq2SeqLM):
         else:
             outputs = decode([result[0][0] if result else [] for result in results])
         return outputs[0] if single else outputs
+
+    def _generate_sources(self, inputs):
+        """`generate`'s inputs as `(sources, decode, single)`: token id
+        lists, the function that turns outputs back (detokenizes, or keeps
+        ids for ids), and whether one string was given."""
+        if isinstance(inputs, dict) and set(inputs) == {"encoder_text"}:  # as `fit` takes them
+            inputs = inputs["encoder_text"]
+        if not isinstance(inputs, dict):
+            texts, single = source_texts(inputs)
+            return self._tokenize_sources(texts), self._detokenize, single
+        if not {"encoder_token_ids", "encoder_padding_mask"} <= set(inputs):
+            raise ValueError(
+                f"generate() got a dict with keys {sorted(inputs)}; it takes `encoder_text` (sources "
+                "as strings) or `encoder_token_ids` with `encoder_padding_mask`. Decoder prompts "
+                "(`decoder_text`, `decoder_token_ids`) are not supported: translations start from "
+                "the start token; give target_prefix to force the first tokens."
+            )
+        return _source_ids(inputs, self.backbone.vocabulary_size), (lambda id_lists: id_lists), False
+
+    def target_prefix_ids(self, target_prefix):
+        """`generate`'s `target_prefix` as token ids: ids as they are, text
+        through the tokenizer (its pieces, no start or end token), None as
+        no prefix."""
+        if target_prefix is None:
+            return ()
+        if isinstance(target_prefix, bytes):
+            target_prefix = target_prefix.decode("utf-8")
+        if not isinstance(target_prefix, str):
+            return target_prefix
+        if self.preprocessor is None:
+            raise ValueError("target_prefix as text needs the model's preprocessor (its tokenizer); give token ids.")
+        if not target_prefix.strip():
+            raise ValueError("target_prefix is blank text; give the text (or token ids) the outputs start with.")
+        return [int(token) for token in ops.convert_to_numpy(self.preprocessor.tokenizer(target_prefix))]
 
     @property
     def ensemble_members(self):
@@ -600,6 +604,22 @@ class TransformerSeq2SeqLM(PresetIO, keras_hub.models.Seq2SeqLM):
 # writes into its own presets (`save_to_preset`): they stay true of the
 # model after fine-tuning, unlike its scores or description.
 _INHERITED_METADATA = ("languages", "data_terms")
+
+
+def _search_in_batches(decoder, sources, settings, batch_size, verbose):
+    """`beam_search` of `sources` (token id lists) `batch_size` at a time,
+    sources of similar length together (less padding); the results in the
+    order of the sources."""
+    order = sorted(range(len(sources)), key=lambda i: len(sources[i]))
+    results = [None] * len(sources)
+    progress = keras.utils.Progbar(len(sources), verbose=verbose, unit_name="sentence") if verbose else None
+    for start in range(0, len(sources), batch_size):
+        batch = order[start : start + batch_size]
+        for i, result in zip(batch, beam_search(decoder, [sources[i] for i in batch], settings)):
+            results[i] = result
+        if progress is not None:
+            progress.add(len(batch))
+    return results
 
 
 def _check_count(name, value, minimum=1):

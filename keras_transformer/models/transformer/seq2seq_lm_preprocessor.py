@@ -5,7 +5,7 @@ import keras_hub
 import numpy as np
 from keras_hub.layers import StartEndPacker
 
-from keras_transformer.decoding.compiled import id_list
+from keras_transformer.runtime.array_ops import id_list
 from keras_transformer.models.preset_io import PresetIO
 from keras_transformer.models.transformer.backbone import INPUT_NAMES
 from keras_transformer.models.transformer.backbone import TransformerBackbone
