@@ -71,8 +71,8 @@ class Recompute:
             from keras import ops
 
             from keras_transformer.decoding.compiled import compile_for_inference
-            from keras_transformer.decoding.rules import best_extensions
             from keras_transformer.decoding.rules import never_output_bias
+            from keras_transformer.decoding.transforms import candidates
 
             model = self.model
             never_output = never_output_bias(model)
@@ -81,26 +81,26 @@ class Recompute:
                 output = model.encode(encoder_token_ids, encoder_padding_mask)
                 return output, [(output, output)]
 
-            def prefix_step(prefix, index, encoder_output, encoder_padding_mask, log_probs, beam_size=None):
+            def prefix_step(prefix, index, encoder_output, encoder_padding_mask, log_probs, settings):
                 # One row of encoder output a source, for its beams' rows.
                 beams = ops.shape(log_probs)[1]
                 encoder_output = ops.repeat(encoder_output, beams, axis=0)
                 encoder_padding_mask = ops.repeat(encoder_padding_mask, beams, axis=0)
                 hidden = model.backbone.decode(prefix, encoder_output, encoder_padding_mask=encoder_padding_mask)
                 logits = model.backbone.token_embedding(ops.take(hidden, index, axis=1), reverse=True)
-                return best_extensions(logits, log_probs, never_output, 2 * (beam_size or ops.shape(log_probs)[1]))
+                return candidates(logits, log_probs, index, never_output, settings)
 
             compiled_step = compile_for_inference(model, prefix_step)
 
             def step(token_ids, index, cache, encoder_padding_mask, parents, log_probs, **kwargs):
                 (prefix, _), (encoder_output, _) = cache[0]
                 index = int(index)
-                prefix = ops.convert_to_numpy(prefix)[np.asarray(parents)]
+                prefix = ops.convert_to_numpy(prefix)[ops.convert_to_numpy(parents)]
                 prefix[:, index] = np.asarray(token_ids)[:, 0]
                 length = min(_round_up(index + 1, 8), prefix.shape[1])
                 values, indices = compiled_step(
-                    prefix[:, :length], np.asarray(index, "int32"), encoder_output, encoder_padding_mask, log_probs,
-                    **kwargs,
+                    prefix[:, :length], np.asarray(index, "int32"), encoder_output, encoder_padding_mask,
+                    log_probs, **kwargs,
                 )
                 return values, indices, [((prefix, prefix), (encoder_output, encoder_output))]
 

@@ -56,6 +56,7 @@ def median_us(call, calls):
 
 def package_rows(preset, calls):
     """This package's search step and its parts, `(name, us)`."""
+    from keras_transformer.decoding import DecodingSettings
     from keras_transformer.decoding import interface
     from keras_transformer.decoding.rules import best_extensions
     from keras_transformer.decoding.rules import never_output_bias
@@ -80,7 +81,10 @@ def package_rows(preset, calls):
     index = np.asarray(POSITION, "int32")
     rows = []
     with unchanged_weights():
-        rows.append(("search step", median_us(lambda: step(tokens, index, cache, mask, parents, log_probs), calls)))
+        settings = DecodingSettings(beam_size=BEAMS)
+        rows.append(("search step", median_us(
+            lambda: step(tokens, index, cache, mask, parents, log_probs, settings=settings), calls
+        )))
         with torch.inference_mode(), direct_calls(), in_place_cache_writes():
             rows.append(("part: decoder stack", median_us(
                 lambda: backbone.decode(tokens, encoder_padding_mask=mask, cache=cache, cache_index=POSITION), calls

@@ -602,7 +602,7 @@ def _candidates_in_numpy(logits, log_probs, never_output):
 @pytest.mark.parametrize(
     "beams,vocabulary,count,ties,batch",
     # 8,000 tokens: ranked in chunks (`rules._top_k_of_many`, and on
-    # PyTorch `rules._best_in_chunks`); 8,009 (a prime): no chunks.
+    # PyTorch `runtime.torch_ranking`); 8,009 (a prime): no chunks.
     [
         (4, 50, 8, False, 3), (4, 12, 8, True, 3), (3, 5, 6, True, 3), (1, 9, 2, False, 3),
         (4, 8000, 8, False, 3), (2, 8000, 4, True, 3), (1, 8000, 8, False, 3), (4, 8000, 8, False, 64),

@@ -843,7 +843,7 @@ def test_int8_layers_multiply_as_int8_with_keras_results():
     np.testing.assert_allclose(direct, expected, rtol=1e-5, atol=1e-5)
     kinds = {type(layer).__name__ for layer in layers}
     assert {"Dense", "EinsumDense", "SharedTokenEmbedding"} <= kinds
-    assert all(module._torch_call_of(layer) is not None for layer in layers if type(layer).__name__ != "SharedTokenEmbedding")
+    assert all(module.torch_call_of(layer) is not None for layer in layers if type(layer).__name__ != "SharedTokenEmbedding")
     # Per step: 2 decoder layers x (the joined self-attention projections,
     # its output, the cross-attention's query and output, 2 feed-forward
     # layers) in the decoding step, and the output projection.

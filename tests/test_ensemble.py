@@ -263,7 +263,7 @@ def test_commands_decode_with_an_ensemble_presets_models_and_exports_warn(tmp_pa
     first.set_ensemble_members([second])
     first.save_to_preset(tmp_path / "preset")
     args = argparse.Namespace(ensemble=[str(tmp_path / "preset")], dtype=None, quantize=None, beam_size=4,
-                              alpha=0.6, length_penalty="gnmt", first_model_only=False)
+                              alpha=0.6, length_penalty="gnmt", first_model_only=False, target_prefix=None)
     model, decoding = cli._load_translator(str(tmp_path / "preset"), args)
     # The preset's two models, then the --ensemble preset's two.
     assert [m.backbone.num_layers for m in [model, *decoding["ensemble"]]] == [1, 2, 1, 2]
@@ -357,6 +357,7 @@ def test_alike_models_step_as_one_with_the_ensembles_probabilities(normalize_fir
     cached steps (two sources, one padded) and a beam search's results
     are those of the models stepped one after another; also with each
     model's output projection a prepacked product (AMD processors)."""
+    from keras_transformer.decoding import DecodingSettings
     from keras_transformer.decoding import torch_ensemble_step
     from keras_transformer.decoding.interface import decoding_functions
     from keras_transformer.decoding.interface import forget_decoding_functions
@@ -381,7 +382,7 @@ def test_alike_models_step_as_one_with_the_ensembles_probabilities(normalize_fir
             for index, tokens in enumerate([[START, START], [4, 5], [3, 4]]):
                 top, indices, cache = step(np.array(tokens, "int32")[:, None], np.asarray(index, "int32"), cache,
                                            mask, np.arange(2, dtype="int32"), np.zeros((2, 1), "float32"),
-                                           beam_size=1)
+                                           settings=DecodingSettings(beam_size=1))
                 values.append((ops.convert_to_numpy(top), ops.convert_to_numpy(indices)))
         return values
 

@@ -40,14 +40,14 @@ import math
 
 import numpy as np
 
-from keras_transformer.layers.direct_calls import _activated
-from keras_transformer.layers.direct_calls import _torch_direct
+from keras_transformer.layers.direct_calls import activated
+from keras_transformer.layers.direct_calls import torch_direct
 from keras_transformer.layers.direct_calls import prepacked_product
 from keras_transformer.layers.direct_calls import unchanged_scope
 from keras_transformer.layers.position import SinusoidalPositionEncoding
-from keras_transformer.layers.torch_decoding_step import _additive_mask
-from keras_transformer.layers.torch_decoding_step import _decoder_plan
-from keras_transformer.layers.torch_decoding_step import _norms
+from keras_transformer.layers.torch_decoding_step import additive_padding_mask
+from keras_transformer.layers.torch_decoding_step import decoder_plan
+from keras_transformer.layers.torch_decoding_step import norms_of
 from keras_transformer.layers.torch_decoding_step import sinusoid_table
 
 # Rows below which alike models step as one (16 sentences' beams): the
@@ -68,7 +68,7 @@ def grouped_step(ensemble, token_ids, index, cache, encoder_padding_mask):
     rows = token_ids.shape[0]
     scope = unchanged_scope()
     if (
-        scope is None or not _torch_direct() or rows >= FEW_ROWS
+        scope is None or not torch_direct() or rows >= FEW_ROWS
         or token_ids.shape[1] != 1 or not isinstance(index, int)
     ):
         return None
@@ -84,8 +84,6 @@ def grouped_step(ensemble, token_ids, index, cache, encoder_padding_mask):
         return None
     import torch
 
-    from keras_transformer.decoding.ensemble import probabilities_of
-
     parts = ensemble.split_cache(cache)
     probabilities, new_parts = [None] * len(parts), list(parts)
     tokens = torch.as_tensor(np.asarray(token_ids)[:, 0], dtype=torch.int64)
@@ -95,7 +93,8 @@ def grouped_step(ensemble, token_ids, index, cache, encoder_padding_mask):
             logits, new_parts[member] = ensemble.models[member].call_decoder_with_cache(
                 token_ids, index, parts[member], encoder_padding_mask
             )
-            probabilities[member] = probabilities_of(logits)
+            # (`ensemble.probabilities_of`, in PyTorch's own call.)
+            probabilities[member] = torch.softmax(logits.float(), dim=-1)
             continue
         group_probabilities, group_caches = _group_step(
             weights, tokens, index, [parts[m] for m in members], encoder_padding_mask
@@ -160,7 +159,7 @@ def _stacked_layer(layers):
         "cross_output": _stacked_product([[c.output_dense] for c in cross]),
         "inner": _stacked_product([[f.inner_dense] for f in feed_forward]),
         "outer": _stacked_product([[f.output_dense] for f in feed_forward]),
-        "norms": [_stacked_norm(norms) for norms in zip(*(_norms(layer) for layer in layers))],
+        "norms": [_stacked_norm(norms) for norms in zip(*(norms_of(layer) for layer in layers))],
     }
 
 
@@ -228,7 +227,7 @@ def _same_sources(held, sources):
 
 
 def _model_plan(model):
-    """The model's decoder plan (`torch_decoding_step._decoder_plan`) where
+    """The model's decoder plan (`torch_decoding_step.decoder_plan`) where
     its step can join a group's, else None."""
     backbone = getattr(model, "backbone", None)
     layers = getattr(backbone, "decoder_layers", None)
@@ -242,7 +241,7 @@ def _model_plan(model):
         or any(layer.quantization_mode is not None for layer in backbone._flatten_layers())
     ):
         return None
-    return _decoder_plan(backbone)
+    return decoder_plan(backbone)
 
 
 def _group_step(weights, tokens, index, caches, encoder_padding_mask):
@@ -311,12 +310,12 @@ def _group_layer(weights, layer, x, index, self_caches, cross_caches, encoder_pa
         query = query.permute(1, 0, 3, 2, 4).reshape(sources, models * heads, beams, depth).to(keys.dtype)
         mask = None
         if encoder_padding_mask is not None:
-            mask = _additive_mask(weights.mask_layer, encoder_padding_mask, keys)
+            mask = additive_padding_mask(weights.mask_layer, encoder_padding_mask, keys)
         attended = scaled_dot_product_attention(query, keys, values, attn_mask=mask)
         return _product(layer["cross_output"], from_heads(attended).to(x.dtype))
 
     def feed_forward(x):
-        return _product(layer["outer"], _activated(weights.inner_dense, _product(layer["inner"], x)))
+        return _product(layer["outer"], activated(weights.inner_dense, _product(layer["inner"], x)))
 
     for sublayer, norm in zip((self_attention, cross_attention, feed_forward), layer["norms"]):
         if weights.normalize_first:

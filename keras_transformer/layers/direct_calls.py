@@ -160,7 +160,7 @@ def write_cache(cache, start, update):
     >>> float(keras.ops.sum(cache))  # the cache given is unchanged
     0.0
     """
-    if getattr(_state, "in_place", False) and _torch_direct():
+    if getattr(_state, "in_place", False) and torch_direct():
         cache[tuple(slice(begin, begin + size) for begin, size in zip(start, update.shape))] = update
         return cache
     return keras.ops.slice_update(cache, start, update)
@@ -171,13 +171,13 @@ def write_position(cache, index, update):
     `(rows, heads, length, depth)` cache, written in place where
     `write_cache` would write it (one `narrow` and one `copy_`, half the
     time of indexing with slices at a decoding step's sizes)."""
-    if getattr(_state, "in_place", False) and _torch_direct():
+    if getattr(_state, "in_place", False) and torch_direct():
         cache.narrow(2, index, 1).copy_(update)
         return cache
     return write_cache(cache, [0, 0, index, 0], update)
 
 
-def _torch_direct():
+def torch_direct():
     return getattr(_state, "active", False) and keras.config.backend() == "torch"
 
 
@@ -194,7 +194,7 @@ def dot_product_attention(query, key, value, mask=None):
         mask: optional boolean, broadcastable to `(batch, heads,
             query_length, key_length)`; `True` where attention is allowed.
     """
-    if not _torch_direct():
+    if not torch_direct():
         return keras.ops.dot_product_attention(query, key, value, mask=mask)
     from torch.nn.functional import scaled_dot_product_attention
 
@@ -257,7 +257,7 @@ class DirectCall:
         current = get_autocast_scope()
         if current is None and self.compute_dtype == self.variable_dtype:
             # The caller passes the right dtypes.
-            torch_call = _torch_call_of(self)
+            torch_call = torch_call_of(self)
             if torch_call is not None:
                 if not getattr(self, "_torch_call_takes_training", False):
                     kwargs.pop("training", None)  # (it changes nothing in these layers)
@@ -270,7 +270,7 @@ class DirectCall:
             args = tuple(_converted(self, value) for value in args)
             kwargs = {key: _converted(self, value) for key, value in kwargs.items()}
         if getattr(self, "_torch_call_takes_mixed_dtypes", False):
-            torch_call = _torch_call_of(self)
+            torch_call = torch_call_of(self)
             if torch_call is not None:
                 kwargs.pop("training", None)
                 return torch_call(*args, **kwargs)
@@ -281,7 +281,7 @@ class DirectCall:
             return call(*args, **kwargs)
 
 
-def _torch_call_of(layer):
+def torch_call_of(layer):
     """The layer's PyTorch call where it has one for its state, or None:
     `_torch_call` for float weights, `_torch_int8_call` for Keras' int8
     weights with quantized inputs; none with LoRA. Whether the layer's
@@ -510,7 +510,7 @@ _FLOAT32_PRODUCT = 2**20
 _FLOAT32_WEIGHTS = 2**18
 
 
-def _cached(layer, name, source, make):
+def derived_once(layer, name, source, make):
     """`make()`, kept on `layer` under `name` until the tensor `source` is
     replaced or written to (PyTorch counts a tensor's in-place writes)."""
     held = layer.__dict__.get(name)
@@ -546,7 +546,7 @@ def _autocast_scope(layer, current):
 # weights and no configuration: saved weights and presets are unchanged.
 
 
-def _activated(layer, outputs):
+def activated(layer, outputs):
     """`layer.activation(outputs)`, as its PyTorch function where there is
     one."""
     import torch
@@ -591,7 +591,7 @@ class Dense(DirectCall, keras.layers.Dense):
         from torch.nn.functional import linear
 
         outputs = linear(inputs, self._kernel_matrix().t(), None if self.bias is None else self.bias.value)
-        return _activated(self, outputs)
+        return activated(self, outputs)
 
     def _kernel_matrix(self):
         """The kernel, `(inputs, outputs)` (as `EinsumDense._kernel_matrix`)."""
@@ -608,7 +608,7 @@ class Dense(DirectCall, keras.layers.Dense):
         )
         if self.bias is not None:
             outputs = outputs + self.bias.value
-        return _activated(self, outputs)
+        return activated(self, outputs)
 
     def quantize(self, mode=None, type_check=True, config=None):
         # Keras quantizes subclasses only when they opt in; this one changes
@@ -674,7 +674,7 @@ class EinsumDense(DirectCall, keras.layers.EinsumDense):
 
         bias = None if self.bias is None else self.bias.value.flatten()
         outputs = linear(inputs.flatten(inputs.dim() - self._torch_contracted), self._kernel_matrix().t(), bias)
-        return _activated(self, self._unflattened(outputs, inputs))
+        return activated(self, self._unflattened(outputs, inputs))
 
     def _torch_int8_call(self, inputs):
         outputs = int8_product(
@@ -683,7 +683,7 @@ class EinsumDense(DirectCall, keras.layers.EinsumDense):
         )
         if self.bias is not None:
             outputs = outputs + self.bias.value.flatten()
-        return _activated(self, self._unflattened(outputs, inputs))
+        return activated(self, self._unflattened(outputs, inputs))
 
     def _kernel_matrix(self):
         """The kernel as a `(contracted size, output size)` matrix."""
@@ -695,7 +695,7 @@ class EinsumDense(DirectCall, keras.layers.EinsumDense):
         order of `_kernel_matrix`'s columns, laid out as Keras divides the
         kernel by them (size 1 on the contracted axes); kept until the
         scales are written."""
-        return _cached(
+        return derived_once(
             self, "_torch_int8_scale", self.kernel_scale.value,
             lambda: self._adjust_scale_for_dequant(self.kernel_scale.value).reshape(-1),
         )

@@ -20,7 +20,7 @@ from keras_transformer.layers.bfloat16_products import int8_products_in_float32
 from keras_transformer.layers.bfloat16_products import output_columns_of
 from keras_transformer.layers.bfloat16_products import xla_on_cpu
 from keras_transformer.layers.direct_calls import DirectCall
-from keras_transformer.layers.direct_calls import _cached
+from keras_transformer.layers.direct_calls import derived_once
 from keras_transformer.layers.direct_calls import int8_product
 from keras_transformer.layers.direct_calls import prepacked_product
 
@@ -155,7 +155,7 @@ class SharedTokenEmbedding(DirectCall, keras.layers.ReversibleEmbedding):
                 # Inference: bfloat16 weights (and float32 ones on AMD
                 # processors) prepacked once, kept while they stay as they
                 # are (`direct_calls.prepacked_product`).
-                product = _cached(
+                product = derived_once(
                     self, "_torch_prepacked_projection", embeddings, lambda: prepacked_product(embeddings)
                 )
                 if product is not None:
@@ -168,7 +168,7 @@ class SharedTokenEmbedding(DirectCall, keras.layers.ReversibleEmbedding):
                     # whole matrix out at every call: 4 x 128 by 128 x
                     # 8,000 took 140 us against 58 (2-core Intel Xeon),
                     # the same from 64 rows up.
-                    columns = _cached(
+                    columns = derived_once(
                         self, "_torch_projection_columns", embeddings, lambda: embeddings.detach().t().contiguous()
                     )
                     return linear(inputs, columns.t(), bias)

@@ -44,9 +44,9 @@ import math
 from keras.dtype_policies import DTypePolicyMap
 from keras.src.backend import get_autocast_scope
 
-from keras_transformer.layers.direct_calls import _activated
-from keras_transformer.layers.direct_calls import _torch_call_of
-from keras_transformer.layers.direct_calls import _torch_direct
+from keras_transformer.layers.direct_calls import activated
+from keras_transformer.layers.direct_calls import torch_call_of
+from keras_transformer.layers.direct_calls import torch_direct
 from keras_transformer.layers.direct_calls import additive_mask
 from keras_transformer.layers.direct_calls import exact_float_kernel
 from keras_transformer.layers.direct_calls import int8_product
@@ -84,7 +84,7 @@ class StepWeights:
                 self.cross_key_value = _joined_product(memory)
             self.inner = _product(feed_forward.inner_dense)
             self.outer = _product(feed_forward.output_dense)
-            self.norms = [(norm.gamma.value, norm.beta.value, norm.epsilon) for norm in _norms(layer)]
+            self.norms = [(norm.gamma.value, norm.beta.value, norm.epsilon) for norm in norms_of(layer)]
         self.inner_dense = feed_forward.inner_dense  # its activation
         self.num_heads = attention.num_heads
         self.cross_heads = None if cross is None else cross.num_heads
@@ -166,7 +166,7 @@ def step_weights(layer):
             return weights
     sublayers = _sublayers(layer)
     if any(
-        sublayer.quantization_mode not in (None, "int8") or _torch_call_of(sublayer) is None for sublayer in sublayers
+        sublayer.quantization_mode not in (None, "int8") or torch_call_of(sublayer) is None for sublayer in sublayers
     ):
         return None
     weights = StepWeights(layer)
@@ -185,11 +185,11 @@ def _sublayers(layer):
     crossing = () if cross is None else (cross.query_dense, cross.key_dense, cross.value_dense, cross.output_dense)
     return (
         attention.query_dense, attention.key_dense, attention.value_dense, attention.output_dense,
-        *crossing, feed_forward.inner_dense, feed_forward.output_dense, *_norms(layer),
+        *crossing, feed_forward.inner_dense, feed_forward.output_dense, *norms_of(layer),
     )
 
 
-def _norms(layer):
+def norms_of(layer):
     """A decoder or encoder layer's LayerNorms, in the order of their
     sub-layers."""
     cross = getattr(layer, "cross_attention_norm", None)
@@ -209,7 +209,7 @@ def _still_plain(sublayer, policy):
     return sublayer.quantization_mode is None
 
 
-def _additive_mask(layer, padding_mask, like):
+def additive_padding_mask(layer, padding_mask, like):
     """The `(sources, 1, 1, source_length)` additive mask of an encoder
     padding mask, in the dtype and on the device of the tensor `like`
     (`direct_calls.additive_mask`), kept on `layer` while
@@ -277,7 +277,7 @@ def decoding_step(layer, weights, x, index, self_attention_cache, cross_attentio
         sources = keys.shape[0]
         # A source's beams attend as its row's consecutive query positions.
         query = _as(weights.cross_query(x).view(sources, -1, heads, keys.shape[-1]).transpose(1, 2), keys.dtype)
-        mask = None if encoder_padding_mask is None else _additive_mask(layer, encoder_padding_mask, keys)
+        mask = None if encoder_padding_mask is None else additive_padding_mask(layer, encoder_padding_mask, keys)
         attended = scaled_dot_product_attention(query, keys, values, attn_mask=mask)
         return weights.cross_output(_as(attended.transpose(1, 2).reshape(rows, 1, -1), x.dtype))
 
@@ -448,20 +448,20 @@ def cross_attention_cache(backbone, encoder_output):
 
 
 def _search_plan(backbone):
-    """The backbone's `_decoder_plan`, made once a search (within
+    """The backbone's `decoder_plan`, made once a search (within
     `direct_calls.unchanged_weights()` and direct calls on PyTorch), or
     None."""
     scope = unchanged_scope()
-    if scope is None or not _torch_direct():
+    if scope is None or not torch_direct():
         return None
     held = backbone.__dict__.get("_torch_decoder_plan")
     if held is None or held[0] is not scope:
-        held = (scope, _decoder_plan(backbone))
+        held = (scope, decoder_plan(backbone))
         object.__setattr__(backbone, "_torch_decoder_plan", held)
     return held[1]
 
 
-def _decoder_plan(backbone):
+def decoder_plan(backbone):
     """`(embed, position, [(layer, step_weights)], norm)` for
     `decoder_step`: the calls `direct_calls` would make, or None where a
     layer computes in another dtype than its weights (mixed precision) or
@@ -473,13 +473,13 @@ def _decoder_plan(backbone):
         not layer.built or layer.compute_dtype != layer.variable_dtype for layer in layers
     ):
         return None
-    embed = _torch_call_of(backbone.token_embedding)
+    embed = torch_call_of(backbone.token_embedding)
     weights = [step_weights(layer) for layer in backbone.decoder_layers]
     if embed is None or any(w is None for w in weights):
         return None
     # (A layer without a PyTorch call of its own is called as `direct_calls` calls it.)
-    position = _torch_call_of(backbone.decoder_position) or backbone.decoder_position
-    norm = None if norm is None else (_torch_call_of(norm) or norm)
+    position = torch_call_of(backbone.decoder_position) or backbone.decoder_position
+    norm = None if norm is None else (torch_call_of(norm) or norm)
     return embed, position, list(zip(backbone.decoder_layers, weights)), norm
 
 
@@ -502,7 +502,7 @@ def encoding_step(layer, weights, x, padding_mask):
 
     def self_attention(x):
         query, key, value = _heads_of_projections(weights, x)
-        mask = None if padding_mask is None else _additive_mask(layer, padding_mask, x)
+        mask = None if padding_mask is None else additive_padding_mask(layer, padding_mask, x)
         attended = scaled_dot_product_attention(query, key, value, attn_mask=mask)
         return weights.self_output(attended.transpose(1, 2).reshape(rows, length, -1))
 
@@ -527,7 +527,7 @@ def _heads(projected, sizes, heads):
 
 
 def _feed_forward(weights, x):
-    return weights.outer(_activated(weights.inner_dense, weights.inner(x)))
+    return weights.outer(activated(weights.inner_dense, weights.inner(x)))
 
 
 def _residual(weights, x, sublayer, norm):

@@ -428,7 +428,8 @@ class TransformerSeq2SeqLM(PresetIO, keras_hub.models.Seq2SeqLM):
         ensemble = _check_models(ensemble)
         if keras_hub_sampler and (num_results > 1 or return_scores or ensemble or target_prefix is not None):
             raise ValueError(
-                "keras-hub samplers give no scores, n-best lists, ensembles or target prefixes; use sampler='beam'."
+                "keras-hub samplers give no scores, n-best lists or ensembles, and take no target prefix; "
+                "use sampler='beam'."
             )
         _check_counts(batch_size=batch_size)
         if sampler == "greedy" and num_results > 1:

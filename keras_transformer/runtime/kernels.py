@@ -1,0 +1,21 @@
+"""The backend's own versions of functions that the paper's code and the
+search call, chosen here, in one place.
+
+A function with a faster version for one backend asks `backend_kernel`
+for it by name and, where there is none, runs its own Keras ops.
+"""
+
+import importlib
+
+import keras
+
+# By backend: the module that holds its own versions, by function name.
+_KERNEL_MODULES = {"torch": "keras_transformer.runtime.torch_ranking"}
+
+
+def backend_kernel(name):
+    """The current backend's own version of the function `name`, or None."""
+    module = _KERNEL_MODULES.get(keras.config.backend())
+    if module is None:
+        return None
+    return getattr(importlib.import_module(module), name, None)
