@@ -297,7 +297,10 @@ def _step_runner(model, settings, step):
             tokens[:, None], np.asarray(to_numpy(index), "int32"), list(zip(caches, cross)), encoder_mask, parents,
             log_probs, settings=step_settings,
         )
-        return advance(state, values, flat, [self_cache for self_cache, _ in cache], budgets)
+        # (The caches stay out of the compiled search step: passed through
+        # a compiled function, they would be copied at every step.)
+        state = advance((*state[:8], []), values, flat, [], budgets)
+        return (*state[:8], [self_cache for self_cache, _ in cache])
 
     return run
 
