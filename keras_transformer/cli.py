@@ -190,6 +190,9 @@ def _load_translator(preset, args):
         model.quantize(args.quantize)
     decoding = dict(sampler="greedy") if args.beam_size == 1 else dict(
         beam_size=args.beam_size, alpha=args.alpha, length_penalty=args.length_penalty)
+    if getattr(args, "sampling", None):
+        decoding = dict(sampler=args.sampling, top_k=args.top_k, top_p=args.top_p, temperature=args.temperature,
+                        seed=args.seed)
     return models[0], {**decoding, "ensemble": models[1:], "target_prefix": args.target_prefix}
 
 
@@ -199,6 +202,15 @@ def _add_length_penalty(p):
                    "ranks beams (default: gnmt)")
     p.add_argument("--target-prefix", metavar="TEXT", help="start every translation with TEXT, forced at the "
                    "first steps (the search continues from it)")
+    p.add_argument("--sampling", choices=("top_k", "top_p"), help="draw each translation from the model's "
+                   "distribution instead of searching (--beam-size and --alpha do not apply)")
+    p.add_argument("--top-k", type=arguments.positive_int, default=50, help="top_k: draw among the K most "
+                   "probable tokens (default: 50)")
+    p.add_argument("--top-p", type=float, default=0.9, help="top_p: draw among the fewest most probable tokens "
+                   "whose probabilities sum to P (default: 0.9)")
+    p.add_argument("--temperature", type=float, default=1.0, help="divide the logits by this first (default: 1)")
+    p.add_argument("--seed", type=int, default=0, help="a sample is a function of its source and the seed "
+                   "(default: 0)")
 
 
 def _add_attention(subparsers):

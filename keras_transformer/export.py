@@ -39,6 +39,7 @@ a compilation for every new input shape (see `export_saved_model`).
 together, as `generate` does; by default the SavedModel holds the first.
 """
 
+import dataclasses
 import errno
 import json
 import os
@@ -73,7 +74,7 @@ BLANK = r"[\t-\r\x{1c}-\x{1f}\x{85}\p{Z}]*"
 
 def export_saved_model(
     model, export_dir, beam_size=4, alpha=0.6, max_length_offset=50, overwrite=False, dtype=None, quantize=None,
-    jit_compile=False, ensemble=False, length_penalty="gnmt", target_prefix=None,
+    jit_compile=False, ensemble=False, length_penalty="gnmt", target_prefix=None, settings=None,
 ):
     """Writes a SavedModel that translates strings (see the module docstring).
 
@@ -119,6 +120,9 @@ def export_saved_model(
         target_prefix: text (tokenized by the model's tokenizer, as
             `generate` takes it) or token ids that every translation starts
             with, forced in the SavedModel's search.
+        settings: a `DecodingSettings` (sampling, for one) to search with
+            instead of `beam_size`, `alpha`, `max_length_offset` and
+            `length_penalty`.
 
     Returns:
         `export_dir`.
@@ -135,10 +139,13 @@ def export_saved_model(
     (an `OSError`).
     """
     # (Checked now; a prefix given as text is tokenized where the model is loaded.)
-    settings = DecodingSettings(
-        beam_size=beam_size, alpha=alpha, length_penalty=length_penalty, max_length_offset=max_length_offset,
-        target_prefix=target_prefix if isinstance(target_prefix, (list, tuple)) else (),
-    )
+    if settings is None:
+        settings = DecodingSettings(
+            beam_size=beam_size, alpha=alpha, length_penalty=length_penalty, max_length_offset=max_length_offset,
+        )
+    if isinstance(target_prefix, (list, tuple)):
+        settings = settings.replace(target_prefix=target_prefix)
+    max_length_offset = settings.max_length_offset
     if max_length_offset < 0:
         raise ValueError(
             f"max_length_offset must be >= 0, got {max_length_offset}: the SavedModel must leave "
@@ -260,11 +267,9 @@ def _write_in_tensorflow_process(model, saved_model, staging, search, dtype=None
         model.save_to_preset(preset)
     else:
         preset = model  # checked by `_check_exportable`
-    settings = search["settings"]
     command = [
-        sys.executable, "-m", "keras_transformer.export", preset, saved_model, "--beam-size",
-        str(settings.beam_size), "--alpha", repr(settings.alpha), "--max-length-offset",
-        str(settings.max_length_offset), "--length-penalty", settings.length_penalty,
+        sys.executable, "-m", "keras_transformer.export", preset, saved_model, "--settings",
+        json.dumps(dataclasses.asdict(search["settings"])),
     ]
     prefix = search["target_prefix"]
     if prefix is not None:
@@ -303,7 +308,8 @@ def _subprocess_error(stderr):
 
 
 def _write(model, path, settings, target_prefix=None, jit_compile=False, ensemble=False):
-    settings = settings.replace(target_prefix=model.target_prefix_ids(target_prefix))
+    if target_prefix is not None:
+        settings = settings.replace(target_prefix=model.target_prefix_ids(target_prefix))
     translator = Translator(model, settings, jit_compile, ensemble)
     signatures = {"serving_default": translator.translate, "translate_ids": translator.translate_ids}
     # The signatures translate; no gradients to trace for them.
@@ -470,10 +476,7 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description="Export a preset to a SavedModel (runs under TensorFlow).")
     parser.add_argument("preset")
     parser.add_argument("export_dir")
-    parser.add_argument("--beam-size", type=int, default=4)
-    parser.add_argument("--alpha", type=float, default=0.6)
-    parser.add_argument("--max-length-offset", type=int, default=50)
-    parser.add_argument("--length-penalty", default="gnmt")
+    parser.add_argument("--settings", default="{}", help="a DecodingSettings as JSON")
     parser.add_argument("--target-prefix", help="text, or token ids separated by commas")
     parser.add_argument("--dtype")
     parser.add_argument("--quantize")
@@ -482,10 +485,7 @@ def main(argv=None):
     args = parser.parse_args(argv)
     try:
         model = _load(args.preset, args.dtype, args.quantize, args.ensemble)
-        settings = DecodingSettings(
-            beam_size=args.beam_size, alpha=args.alpha, max_length_offset=args.max_length_offset,
-            length_penalty=args.length_penalty,
-        )
+        settings = DecodingSettings(**json.loads(args.settings))
         prefix = args.target_prefix
         if prefix is not None and re.fullmatch(r"\d+(,\d+)*", prefix):
             prefix = [int(token) for token in prefix.split(",")]

@@ -47,8 +47,10 @@ from keras_transformer.decoding.interface import search_segment_function
 from keras_transformer.decoding.interface import search_state_functions
 from keras_transformer.decoding.interface import segment_holds_beam_caches
 from keras_transformer.decoding.rules import output_budgets
+from keras_transformer.decoding.sampling import source_keys
 from keras_transformer.decoding.settings import DecodingSettings
 from keras_transformer.layers.direct_calls import unchanged_weights
+from keras_transformer.runtime.array_ops import array_ops
 from keras_transformer.runtime.array_ops import id_list
 from keras_transformer.runtime.array_ops import to_numpy
 
@@ -248,12 +250,13 @@ def _host_search(model, sources, settings, functions=None):
         run = _step_runner(model, settings, step)
         chunk = CACHE_CHUNK if compiled_steps else EAGER_CACHE_CHUNK
     cache_length = min(chunk, max_length)
+    keys = to_numpy(source_keys(encoder_ids, encoder_mask, array_ops())) if settings.sampling else None
     initial, kept, grown = search_state_functions(model, k)
     state = initial(batch=len(sources), length=cache_length, beam_caches=segments)
     slots = np.arange(len(sources))  # which source each slot of the batch holds
     finished = [[] for _ in sources]
     while True:
-        state = run(state, encoder_mask, cross, budgets[slots], len(slots))
+        state = run(state, encoder_mask, cross, budgets[slots], len(slots), None if keys is None else keys[slots])
         index, done = int(to_numpy(state[0])), to_numpy(state[7])
         keep = np.zeros(0, "int64") if done.all() else _slots_to_keep(done, compiled_steps)
         if len(keep) < len(slots):
@@ -272,30 +275,31 @@ def _host_search(model, sources, settings, functions=None):
 
 
 def _segment_runner(model, settings):
-    """`run(state, encoder_mask, cross, budgets, slots)` of `_host_search`:
+    """`run(state, encoder_mask, cross, budgets, slots, keys)` of `_host_search`:
     a compiled segment of steps (`loop.search_segment`), until at most
     half the slots' sources search (the batch then shrinks: `_slots_to_keep`)."""
     segment = search_segment_function(model, settings)
 
-    def run(state, encoder_mask, cross, budgets, slots):
+    def run(state, encoder_mask, cross, budgets, slots, keys):
         min_live = _largest_power_of_two_below(slots) if slots > MIN_COMPILED_SLOTS else 0
-        return segment(state, encoder_mask, cross, budgets, np.asarray(min_live, "int32"))
+        return segment(state, encoder_mask, cross, budgets, np.asarray(min_live, "int32"), keys)
 
     return run
 
 
 def _step_runner(model, settings, step):
-    """`run(state, encoder_mask, cross, budgets, slots)` of `_host_search`:
+    """`run(state, encoder_mask, cross, budgets, slots, keys)` of `_host_search`:
     one decoder step (`step`, as `interface.decoding_functions` makes
     it), then the search's step (`search.advance`)."""
     advance = advance_function(model, settings)
     step_settings = settings.replace(max_length_offset=0, num_results=1)  # (what the step reads)
 
-    def run(state, encoder_mask, cross, budgets, slots):
+    def run(state, encoder_mask, cross, budgets, slots, keys):
         index, tokens, parents, _, log_probs, _, _, _, caches = state
+        # (`keys` only where sampling: a step that never samples need not take them.)
         values, flat, cache = step(
             tokens[:, None], np.asarray(to_numpy(index), "int32"), list(zip(caches, cross)), encoder_mask, parents,
-            log_probs, settings=step_settings,
+            log_probs, *([] if keys is None else [keys]), settings=step_settings,
         )
         # (The caches stay out of the compiled search step: passed through
         # a compiled function, they would be copied at every step.)

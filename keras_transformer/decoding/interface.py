@@ -120,11 +120,11 @@ def search_loop_function(model, settings):
 def search_segment_function(model, settings):
     """`loop.search_segment` of `model` with these settings, compiled for
     the backend, made once per model and settings: `segment(state,
-    encoder_mask, cross, budgets, min_live)` gives the state after the
-    segment's steps."""
+    encoder_mask, cross, budgets, min_live, keys=None)` gives the state
+    after the segment's steps."""
 
-    def segment(state, encoder_mask, cross, budgets, min_live):
-        return search_segment(model, state, encoder_mask, cross, budgets, min_live, settings)
+    def segment(state, encoder_mask, cross, budgets, min_live, keys=None):
+        return search_segment(model, state, encoder_mask, cross, budgets, min_live, settings, keys)
 
     return _compiled_once(model, ("segment", _search_key(settings)), segment)
 
@@ -247,13 +247,13 @@ def decoding_functions(model):
         def encode(encoder_token_ids, encoder_padding_mask):
             return _model_encode(model, encoder_token_ids, encoder_padding_mask)
 
-        def step(token_ids, index, cache, encoder_padding_mask, parents, log_probs, settings):
+        def step(token_ids, index, cache, encoder_padding_mask, parents, log_probs, keys=None, *, settings):
             cache = _reordered(cache, parents)
             # The reordered caches are new tensors, this step's own: PyTorch
             # writes the new position into them without copying them again.
             with in_place_cache_writes():
                 logits, cache = model.call_decoder_with_cache(token_ids, index, cache, encoder_padding_mask)
-            values, indices = candidates(logits, log_probs, index, never_output, settings)
+            values, indices = candidates(logits, log_probs, index, never_output, settings, keys)
             return values, indices, cache
 
         functions = (compile_for_inference(model, encode), compile_for_inference(model, step))
@@ -282,8 +282,8 @@ def _ensemble_decoding_functions(ensemble):
             compiled[key] = (compile_for_models(model, _model_encode), compile_for_models(model, _model_step))
         members.append((model, *compiled[key]))
 
-    def rank(probabilities, log_probs, index, settings):
-        return candidates(log_mean(probabilities), log_probs, index, never_output, settings)
+    def rank(probabilities, log_probs, index, keys=None, *, settings):
+        return candidates(log_mean(probabilities), log_probs, index, never_output, settings, keys)
 
     rank = compile_for_inference(_WITHOUT_WEIGHTS, rank)  # (it reads no weights)
 
@@ -295,7 +295,7 @@ def _ensemble_decoding_functions(ensemble):
             caches.extend(cache)
         return tuple(outputs), caches
 
-    def step(token_ids, index, cache, encoder_padding_mask, parents, log_probs, settings):
+    def step(token_ids, index, cache, encoder_padding_mask, parents, log_probs, keys=None, *, settings):
         probabilities, new_cache = [], []
         for (model, _, model_step), model_cache in zip(members, ensemble.split_cache(cache)):
             model_probabilities, model_cache = model_step(
@@ -303,7 +303,7 @@ def _ensemble_decoding_functions(ensemble):
             )
             probabilities.append(model_probabilities)
             new_cache.extend(model_cache)
-        values, indices = rank(probabilities, log_probs, index, settings=settings)
+        values, indices = rank(probabilities, log_probs, index, keys, settings=settings)
         return values, indices, new_cache
 
     return encode, step

@@ -35,9 +35,11 @@ import keras
 from keras import ops
 
 from keras_transformer.decoding.compiled import loop_output_columns
+from keras_transformer.decoding.sampling import source_keys
 from keras_transformer.decoding.search import cached_step
 from keras_transformer.decoding.search import initial_state
 from keras_transformer.layers import cache_bits
+from keras_transformer.runtime.array_ops import KERAS_OPS
 
 
 def search_loop(model, encoder_ids, encoder_mask, budgets, max_length, settings):
@@ -70,7 +72,8 @@ def search_loop(model, encoder_ids, encoder_mask, budgets, max_length, settings)
     # One row of encoder keys and values a source, which its k beams (rows
     # source * k to source * k + k - 1) all read.
     cross = model.cross_attention_cache(model.encode(encoder_ids, encoder_mask))
-    body = cached_step(model, cross, encoder_mask, budgets, settings)
+    keys = source_keys(encoder_ids, encoder_mask, KERAS_OPS) if settings.sampling else None
+    body = cached_step(model, cross, encoder_mask, budgets, settings, keys)
 
     def cond(index, tokens, parents, sequences, log_probs, finished, count, done, caches):
         return ~ops.all(done) & (index < max_length - 1)
@@ -82,7 +85,7 @@ def search_loop(model, encoder_ids, encoder_mask, budgets, max_length, settings)
     return token_ids[:, :n], lengths[:, :n], scores[:, :n], log_probs[:, :n], ops.all(final[7])
 
 
-def search_segment(model, state, encoder_mask, cross, budgets, min_live, settings):
+def search_segment(model, state, encoder_mask, cross, budgets, min_live, settings, keys=None):
     """Steps of `search_loop`'s loop from `state` on, until every source
     is done, the self-attention cache is full, or at most `min_live`
     sources are still searching: the host search (`beam.beam_search`)
@@ -101,12 +104,13 @@ def search_segment(model, state, encoder_mask, cross, budgets, min_live, setting
         min_live: int32 scalar: the segment ends when at most this many
             sources are still searching (0: when all are done).
         settings: the search's `DecodingSettings`.
+        keys: where sampling, the sources' `sampling.source_keys`.
 
     Returns:
         The state after the last step.
     """
     width = ops.shape(state[3])[2]
-    body = cached_step(model, cross, encoder_mask, budgets, settings)
+    body = cached_step(model, cross, encoder_mask, budgets, settings, keys)
 
     def cond(index, tokens, parents, sequences, log_probs, finished, count, done, caches):
         searching = ops.sum(ops.cast(~done, "int32"))

@@ -119,10 +119,11 @@ def _merged(ops, along, finished, k, ids, lengths, scores, log_probs):
     return tuple(along(x, best) for x in merged)
 
 
-def cached_step(model, cross, encoder_mask, budgets, settings):
+def cached_step(model, cross, encoder_mask, budgets, settings, keys=None):
     """The compiled loops' body (`loop.py`): the self-attention caches
     reordered to the beams' parents, one cached decoder step of `model`,
-    its candidates (`transforms.candidates`), then `advance`."""
+    its candidates (`transforms.candidates`; `keys` where sampling), then
+    `advance`."""
     never_output = never_output_bias(model)
     special, vocabulary_size = model.special_token_ids, model.backbone.vocabulary_size
 
@@ -130,7 +131,7 @@ def cached_step(model, cross, encoder_mask, budgets, settings):
         index, tokens, parents, _, log_probs, _, _, _, caches = state
         caches = reordered_caches(caches, parents, settings.beam_size)
         logits, cache = model.call_decoder_with_cache(tokens[:, None], index, list(zip(caches, cross)), encoder_mask)
-        values, flat = candidates(logits, log_probs, index, never_output, settings)
+        values, flat = candidates(logits, log_probs, index, never_output, settings, keys)
         return advance(state, values, flat, [c for c, _ in cache], budgets, settings, special, vocabulary_size)
 
     return body

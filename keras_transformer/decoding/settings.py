@@ -15,6 +15,8 @@ import numpy as np
 # "gnmt": the paper's (GNMT's) ((5 + |Y|) / 6) ** alpha; "length": |Y| **
 # alpha, as Hugging Face transformers (and Marian) rank hypotheses.
 LENGTH_PENALTIES = ("gnmt", "length")
+# Sampling instead of the search's ranking (`sampling.py`).
+SAMPLINGS = ("top_k", "top_p")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -38,6 +40,15 @@ class DecodingSettings:
             the first steps (as CTranslate2's `target_prefix` and
             transformers' `forced_bos_token_id`); they are part of the
             output and count in |Y|, and their log-probability is 0.
+        sampling: None (the search), or `"top_k"` / `"top_p"`: each step
+            draws the next token from the model's distribution, divided by
+            `temperature`, among its `top_k` most probable tokens or the
+            fewest whose probabilities sum to `top_p` (`sampling.py`).
+            Needs `beam_size=1`.
+        top_k, top_p, temperature: the sampling's settings.
+        seed: an integer; a source's sample is a function of the source
+            and the seed (each seed compiles the search once on JAX and
+            TensorFlow).
 
     Example:
 
@@ -56,6 +67,11 @@ class DecodingSettings:
     max_length_offset: int = 50
     num_results: int = 1
     target_prefix: tuple = ()
+    sampling: str = None
+    top_k: int = 50
+    top_p: float = 0.9
+    temperature: float = 1.0
+    seed: int = 0
 
     def __post_init__(self):
         _check_int("beam_size", self.beam_size, minimum=1)
@@ -76,12 +92,33 @@ class DecodingSettings:
             )
         for token in prefix:
             _check_int("each token id of target_prefix", token, minimum=0)
+        self._check_sampling()
         # Held as Python ints in a tuple: hashable, and a compile key.
         object.__setattr__(self, "target_prefix", tuple(int(token) for token in prefix))
         object.__setattr__(self, "alpha", float(self.alpha))
         object.__setattr__(self, "beam_size", int(self.beam_size))
         object.__setattr__(self, "num_results", int(self.num_results))
         object.__setattr__(self, "max_length_offset", int(self.max_length_offset))
+
+    def _check_sampling(self):
+        if self.sampling is not None and self.sampling not in SAMPLINGS:
+            raise ValueError(f"Unknown sampling {self.sampling!r}; expected None or one of {SAMPLINGS}.")
+        if self.sampling is not None and self.beam_size != 1:
+            raise ValueError(f"sampling={self.sampling!r} draws one output a source: it needs beam_size=1, "
+                             f"got beam_size={self.beam_size}.")
+        _check_int("top_k", self.top_k, minimum=1)
+        _check_int("seed", self.seed, minimum=0)
+        for name, value, top in (("top_p", self.top_p, 1.0), ("temperature", self.temperature, None)):
+            if isinstance(value, bool) or not isinstance(value, (int, float, np.number)) or not (
+                np.isfinite(value) and value > 0 and (top is None or value <= top)
+            ):
+                bound = "in (0, 1]" if top else "a finite number > 0"
+                raise ValueError(f"{name} must be {bound}, got {value!r}.")
+        object.__setattr__(self, "top_p", float(self.top_p))
+        object.__setattr__(self, "temperature", float(self.temperature))
+        if self.seed >= 2**31:
+            raise ValueError(f"seed must be below 2**31, got {self.seed}.")
+        object.__setattr__(self, "seed", int(self.seed))
 
     def replace(self, **changes):
         """A copy with `changes`, checked again."""

@@ -18,6 +18,8 @@ import functools
 import numpy as np
 
 from keras_transformer.decoding.rules import best_extensions
+from keras_transformer.decoding.sampling import sampled_extensions
+from keras_transformer.decoding.sampling import sampling_transforms
 from keras_transformer.runtime.array_ops import array_ops
 
 
@@ -57,16 +59,17 @@ def forced_prefix(prefix):
 def step_transforms(settings):
     """The transforms that `settings` (a `DecodingSettings`) asks for,
     in the order they apply."""
-    transforms = []
+    transforms = sampling_transforms(settings)
     if settings.target_prefix:
         transforms.append(forced_prefix(settings.target_prefix))
     return tuple(transforms)
 
 
-def candidates(logits, log_probs, index, never_output, settings):
+def candidates(logits, log_probs, index, never_output, settings, keys=None):
     """Rule 2 of the search (`rules.py`) after the step's transforms: the
     `2 * beam_size` best one-token extensions of each source's beams,
-    `(values, flat indices)` as `rules.best_extensions` gives them.
+    `(values, flat indices)` as `rules.best_extensions` gives them; where
+    `settings.sampling` asks for it, a draw first (`sampling.py`).
 
     Args:
         logits: `(rows, vocabulary_size)` next-token logits (the beams of
@@ -75,10 +78,17 @@ def candidates(logits, log_probs, index, never_output, settings):
         index: the output position the logits are for.
         never_output: `rules.never_output_bias` of the model.
         settings: the search's `DecodingSettings`.
+        keys: where `settings.sampling`, the sources' `sampling.source_keys`.
     """
     transforms = step_transforms(settings)
+    if settings.sampling is not None:
+        # (The tokens never output leave before a top-k or top-p cut.)
+        ops = array_ops(logits)
+        logits = ops.cast(logits, "float32") + ops.convert_to_tensor(never_output, "float32")
     if transforms:
         ops = array_ops(logits)
         for transform in transforms:
             logits = transform(logits, index, ops)
+    if settings.sampling is not None:
+        return sampled_extensions(logits, log_probs, index, settings, keys)
     return best_extensions(logits, log_probs, never_output, 2 * settings.beam_size)

@@ -103,6 +103,30 @@ class TorchOps:
         return torch.isfinite(x)
 
     @staticmethod
+    def logsumexp(x, axis, keepdims=False):
+        return torch.logsumexp(x, axis, keepdim=keepdims)
+
+    @staticmethod
+    def exp(x):
+        return torch.exp(x)
+
+    @staticmethod
+    def log(x):
+        return torch.log(x)
+
+    @staticmethod
+    def bitwise_and(x, y):
+        return torch.bitwise_and(x, y)
+
+    @staticmethod
+    def bitwise_xor(x, y):
+        return torch.bitwise_xor(x, y)
+
+    @staticmethod
+    def right_shift(x, y):
+        return torch.bitwise_right_shift(x, y)
+
+    @staticmethod
     def pad_to(x, axis, length):
         """`x` with zeros after its entries along `axis`, to `length`."""
         from torch.nn.functional import pad

@@ -14,6 +14,7 @@ from keras import ops
 from keras_transformer.decoding.beam import beam_search
 from keras_transformer.decoding.ensemble import Ensemble
 from keras_transformer.decoding.interface import forget_decoding_functions
+from keras_transformer.decoding.settings import SAMPLINGS
 from keras_transformer.decoding.settings import DecodingSettings
 from keras_transformer.decoding.samplers import keras_hub_generate_step
 from keras_transformer.decoding.samplers import sample
@@ -371,6 +372,10 @@ class TransformerSeq2SeqLM(PresetIO, keras_hub.models.Seq2SeqLM):
         length_penalty="gnmt",
         ensemble=None,
         target_prefix=None,
+        top_k=50,
+        top_p=0.9,
+        temperature=1.0,
+        seed=0,
     ):
         """Translates sources with the key/value cache (section 6.1).
 
@@ -379,7 +384,12 @@ class TransformerSeq2SeqLM(PresetIO, keras_hub.models.Seq2SeqLM):
                 arrays and string tensors too; needs the preprocessor), the
                 same as `{"encoder_text": ...}`, or a dict with
                 `encoder_token_ids` and `encoder_padding_mask`.
-            sampler: `"beam"` (the paper) or `"greedy"`, or a keras-hub
+            sampler: `"beam"` (the paper), `"greedy"`, or `"top_k"` /
+                `"top_p"`: a draw from the model's distribution at each
+                step, after `temperature`, among its `top_k` most probable
+                tokens or the fewest whose probabilities sum to `top_p`,
+                with `seed` (`keras_transformer.decoding.sampling`; with
+                scores and ensembles, as beam search). Or a keras-hub
                 `Sampler` instance (such as `keras_hub.samplers.TopKSampler`),
                 which runs keras-hub's generate loop through `generate_step`:
                 no length penalty and no scores (`beam_size`, `alpha`,
@@ -409,6 +419,9 @@ class TransformerSeq2SeqLM(PresetIO, keras_hub.models.Seq2SeqLM):
                 `forced_bos_token_id`): text (tokenized without start or
                 end token) or token ids. It is part of the output, and its
                 tokens' log-probability counts as 0.
+            top_k, top_p, temperature, seed: the sampling's settings
+                (`sampler="top_k"` or `"top_p"`); a source's sample is a
+                function of the source and the seed.
 
         Returns:
             For string inputs, strings; for token ids, lists of ids. With
@@ -417,9 +430,9 @@ class TransformerSeq2SeqLM(PresetIO, keras_hub.models.Seq2SeqLM):
             gives an empty output.
         """
         keras_hub_sampler = isinstance(sampler, keras_hub.samplers.Sampler)
-        if not keras_hub_sampler and sampler not in ("beam", "greedy"):
+        if not keras_hub_sampler and sampler not in ("beam", "greedy", *SAMPLINGS):
             raise ValueError(
-                f"Unknown sampler {sampler!r}; available: 'beam', 'greedy', or a "
+                f"Unknown sampler {sampler!r}; available: 'beam', 'greedy', 'top_k', 'top_p', or a "
                 "keras_hub.samplers.Sampler instance."
             )
         if ensemble is None:
@@ -432,14 +445,17 @@ class TransformerSeq2SeqLM(PresetIO, keras_hub.models.Seq2SeqLM):
                 "use sampler='beam'."
             )
         _check_counts(batch_size=batch_size)
-        if sampler == "greedy" and num_results > 1:
-            raise ValueError(f"Greedy decoding gives one result; num_results={num_results} needs sampler='beam'.")
+        if sampler in ("greedy", *SAMPLINGS) and num_results > 1:
+            what = "Greedy decoding" if sampler == "greedy" else "Sampling"
+            raise ValueError(f"{what} gives one result; num_results={num_results} needs sampler='beam'.")
         settings = DecodingSettings(
             beam_size=beam_size, alpha=alpha, length_penalty=length_penalty, max_length_offset=max_length_offset,
             num_results=num_results, target_prefix=self.target_prefix_ids(target_prefix),
         )
-        if sampler == "greedy":
+        if sampler in ("greedy", *SAMPLINGS):
             settings = settings.replace(beam_size=1, alpha=0.0)
+        if sampler in SAMPLINGS:
+            settings = settings.replace(sampling=sampler, top_k=top_k, top_p=top_p, temperature=temperature, seed=seed)
         sources, decode, single = self._generate_sources(inputs)
         if keras_hub_sampler:
             outputs = decode(list(sample(self, sources, sampler, max_length_offset, batch_size)))
