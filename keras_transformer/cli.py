@@ -20,6 +20,8 @@ import sys
 import warnings
 
 from keras_transformer import cli_formats
+from keras_transformer.cli_decoding import add_decoding_options
+from keras_transformer.cli_decoding import decoding_options
 from keras_transformer.utils import arguments
 
 DEFAULT_PRESET = cli_formats.DEFAULT_PRESET
@@ -127,9 +129,7 @@ def _add_evaluate(subparsers):
                    "$KERAS_TRANSFORMER_MULTI30K, else a download)")
     p.add_argument("--batch-size", type=arguments.positive_int, default=64,
                    help="sentences translated together (default: 64)")
-    p.add_argument("--beam-size", type=arguments.positive_int, default=4, help="1 decodes greedily (default: 4)")
-    p.add_argument("--alpha", type=arguments.non_negative_float, default=0.6, help="length penalty (default: 0.6)")
-    _add_length_penalty(p)
+    add_decoding_options(p)
     p.add_argument("--limit", type=arguments.positive_int, help="translate only the first N sentences")
     p.add_argument("--output", help="write the translations to this file")
     _add_precision(p)
@@ -188,29 +188,7 @@ def _load_translator(preset, args):
     models = [member for model in loaded for member in (model, *model.ensemble_members)]
     for model in models if args.quantize else ():
         model.quantize(args.quantize)
-    decoding = dict(sampler="greedy") if args.beam_size == 1 else dict(
-        beam_size=args.beam_size, alpha=args.alpha, length_penalty=args.length_penalty)
-    if getattr(args, "sampling", None):
-        decoding = dict(sampler=args.sampling, top_k=args.top_k, top_p=args.top_p, temperature=args.temperature,
-                        seed=args.seed)
-    return models[0], {**decoding, "ensemble": models[1:], "target_prefix": args.target_prefix}
-
-
-def _add_length_penalty(p):
-    p.add_argument("--length-penalty", choices=("gnmt", "length"), default="gnmt",
-                   help="gnmt: ((5 + |Y|) / 6) ** alpha, the paper's; length: |Y| ** alpha, as transformers "
-                   "ranks beams (default: gnmt)")
-    p.add_argument("--target-prefix", metavar="TEXT", help="start every translation with TEXT, forced at the "
-                   "first steps (the search continues from it)")
-    p.add_argument("--sampling", choices=("top_k", "top_p"), help="draw each translation from the model's "
-                   "distribution instead of searching (--beam-size and --alpha do not apply)")
-    p.add_argument("--top-k", type=arguments.positive_int, default=50, help="top_k: draw among the K most "
-                   "probable tokens (default: 50)")
-    p.add_argument("--top-p", type=float, default=0.9, help="top_p: draw among the fewest most probable tokens "
-                   "whose probabilities sum to P (default: 0.9)")
-    p.add_argument("--temperature", type=float, default=1.0, help="divide the logits by this first (default: 1)")
-    p.add_argument("--seed", type=int, default=0, help="a sample is a function of its source and the seed "
-                   "(default: 0)")
+    return models[0], {**decoding_options(args), "ensemble": models[1:]}
 
 
 def _add_attention(subparsers):
@@ -299,7 +277,8 @@ def _evaluate(args):
     if args.output:
         with open(args.output, "w", encoding="utf-8") as f:
             f.write("\n".join(scores["translations"]) + "\n")
-    how = ("greedy" if args.beam_size == 1 else f"beam {args.beam_size}, alpha {args.alpha}") + (
+    how = (f"sampled ({args.sampling}, seed {args.seed})" if args.sampling else
+           "greedy" if args.beam_size == 1 else f"beam {args.beam_size}, alpha {args.alpha}") + (
         f", an ensemble of {1 + len(decoding['ensemble'])} models" if decoding["ensemble"] else "")
     print(f"{args.split} {source}-{target}, {len(sources)} sentences, {how}")
     print(f"BLEU {scores['bleu']:.2f}  {scores['bleu_signature']}")
@@ -318,9 +297,7 @@ def _add_translate(subparsers):
     p.add_argument("text", nargs="*", help="sentences to translate (default: read lines from --input or stdin)")
     p.add_argument("--preset", default=DEFAULT_PRESET,
                    help=f"a preset name or directory (default: {DEFAULT_PRESET})")
-    p.add_argument("--beam-size", type=arguments.positive_int, default=4, help="1 decodes greedily (default: 4)")
-    p.add_argument("--alpha", type=arguments.non_negative_float, default=0.6, help="length penalty (default: 0.6)")
-    _add_length_penalty(p)
+    add_decoding_options(p)
     p.add_argument("--batch-size", type=arguments.positive_int, default=64, help="sentences translated together (default: 64)")
     p.add_argument("-i", "--input", help="a text file, one sentence a line (default: stdin)")
     p.add_argument("-o", "--output", help="write the translations to this file (default: stdout)")

@@ -60,6 +60,8 @@ from keras_transformer.decoding.ensemble import Ensemble
 from keras_transformer.decoding.interface import search_loop_function
 from keras_transformer.decoding.loop import search_loop
 from keras_transformer.decoding.settings import DecodingSettings
+from keras_transformer.export_checks import check_export
+from keras_transformer.export_checks import load_for_export
 from keras_transformer.presets import ensembles
 from keras_transformer.utils.files import move_into_place
 from keras_transformer.utils.files import reporting_full_disk
@@ -145,19 +147,7 @@ def export_saved_model(
         )
     if isinstance(target_prefix, (list, tuple)):
         settings = settings.replace(target_prefix=target_prefix)
-    max_length_offset = settings.max_length_offset
-    if max_length_offset < 0:
-        raise ValueError(
-            f"max_length_offset must be >= 0, got {max_length_offset}: the SavedModel must leave "
-            "every source, a blank one's start and end tokens included, an output token."
-        )
-    _check_exportable(model)
-    _check_precision(model, dtype, quantize)
-    if ensemble and not ensembles.other_members(model, strict=True):
-        raise ValueError(
-            "ensemble=True (--ensemble) exports an ensemble preset's models together, but this "
-            "model is a single model, with no ensemble members: export it without ensemble=True (--ensemble)."
-        )
+    check_export(model, settings, dtype, quantize, ensemble)
     precision = {"dtype": dtype, "quantize": quantize}
     search = {"settings": settings, "target_prefix": target_prefix, "jit_compile": bool(jit_compile),
               "ensemble": bool(ensemble)}
@@ -186,7 +176,7 @@ def export_saved_model(
     ) as staging:
         saved_model = os.path.join(staging, "saved_model")
         if keras.config.backend() == "tensorflow":
-            model = _load(model, **precision, ensemble=ensemble)
+            model = load_for_export(model, **precision, ensemble=ensemble)
             _write(model, saved_model, **search)
         else:
             _write_in_tensorflow_process(model, saved_model, staging, search, **precision)
@@ -199,64 +189,6 @@ def export_saved_model(
 class ExportError(RuntimeError):
     """The export's TensorFlow subprocess failed; the message ends with its
     error output."""
-
-
-def _check_exportable(model):
-    """A clear error, before any work, for a model the export cannot hold."""
-    from keras_transformer.models import MarianTokenizer
-    from keras_transformer.models import TransformerSeq2SeqLM
-    from keras_transformer.models import TransformerTokenizer
-
-    exportable_classes = (TransformerTokenizer, MarianTokenizer)
-    if isinstance(model, TransformerSeq2SeqLM):
-        if model.preprocessor is None:
-            raise ValueError("Export needs a model with a preprocessor (its tokenizer).")
-        exportable = isinstance(model.preprocessor.tokenizer, exportable_classes)
-        tokenizer = type(model.preprocessor.tokenizer).__name__
-    else:
-        from keras_transformer import presets
-        from keras_transformer.convert import is_marian
-
-        if is_marian(model):
-            return
-        presets.check(model, ("config", "tokenizer"))
-        tokenizer = presets.read_preset_file(model, presets.TOKENIZER_FILE).get("class_name")
-        exportable = tokenizer in [cls.__name__ for cls in exportable_classes]
-    if not exportable:
-        raise ValueError(
-            f"The model's tokenizer is a {tokenizer}; the SavedModel tokenizes with "
-            "tensorflow-text's SentencePiece, so only models with a TransformerTokenizer "
-            "(BPE or unigram, the default) or a MarianTokenizer export."
-        )
-
-
-def _check_precision(model, dtype, quantize):
-    from keras_transformer.models import TransformerSeq2SeqLM
-
-    if dtype not in (None, "float32", "bfloat16", "float16"):
-        raise ValueError(f"dtype must be 'float32', 'bfloat16' or 'float16', got {dtype!r}.")
-    if quantize not in (None, "int8"):
-        raise ValueError(f"quantize must be 'int8', got {quantize!r}.")
-    if (dtype or quantize) and isinstance(model, TransformerSeq2SeqLM):
-        raise ValueError(
-            "dtype and quantize apply to a preset, which the export loads in that precision; a model "
-            "object exports in its own precision (load it with from_preset(..., dtype=...) or call "
-            "model.quantize('int8') first)."
-        )
-
-
-def _load(model, dtype=None, quantize=None, ensemble=False):
-    from keras_transformer.models import TransformerSeq2SeqLM
-
-    if isinstance(model, TransformerSeq2SeqLM):
-        return model
-    model = TransformerSeq2SeqLM.from_preset(
-        model, load_ensemble=ensemble, **({"dtype": dtype} if dtype else {})
-    )
-    if quantize:
-        for each in [model, *model.ensemble_members]:
-            each.quantize(quantize)
-    return model
 
 
 def _write_in_tensorflow_process(model, saved_model, staging, search, dtype=None, quantize=None):
@@ -484,7 +416,7 @@ def main(argv=None):
     parser.add_argument("--ensemble", action="store_true")
     args = parser.parse_args(argv)
     try:
-        model = _load(args.preset, args.dtype, args.quantize, args.ensemble)
+        model = load_for_export(args.preset, args.dtype, args.quantize, args.ensemble)
         settings = DecodingSettings(**json.loads(args.settings))
         prefix = args.target_prefix
         if prefix is not None and re.fullmatch(r"\d+(,\d+)*", prefix):

@@ -561,7 +561,7 @@ def _child_report(monkeypatch, capsys, error):
         raise error
 
     with monkeypatch.context() as patched:
-        patched.setattr(export, "_load", fail)
+        patched.setattr(export, "load_for_export", fail)
         with pytest.raises(SystemExit):
             export.main(["preset", "out"])
     return capsys.readouterr().err

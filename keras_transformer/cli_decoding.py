@@ -1,0 +1,36 @@
+"""The command line's decoding options (`translate`, `evaluate`): the
+search's settings, a forced target prefix, and sampling, as `generate`
+takes them."""
+
+from keras_transformer.utils import arguments
+
+
+def add_decoding_options(p):
+    p.add_argument("--beam-size", type=arguments.positive_int, default=4, help="1 decodes greedily (default: 4)")
+    p.add_argument("--alpha", type=arguments.non_negative_float, default=0.6, help="length penalty (default: 0.6)")
+    p.add_argument("--length-penalty", choices=("gnmt", "length"), default="gnmt",
+                   help="gnmt: ((5 + |Y|) / 6) ** alpha, the paper's; length: |Y| ** alpha, as transformers "
+                   "ranks beams (default: gnmt)")
+    p.add_argument("--target-prefix", metavar="TEXT", help="start every translation with TEXT, forced at the "
+                   "first steps (the search continues from it)")
+    p.add_argument("--sampling", choices=("top_k", "top_p"), help="draw each translation from the model's "
+                   "distribution instead of searching (--beam-size and --alpha do not apply)")
+    p.add_argument("--top-k", type=arguments.positive_int, default=50, help="top_k: draw among the K most "
+                   "probable tokens (default: 50)")
+    p.add_argument("--top-p", type=float, default=0.9, help="top_p: draw among the fewest most probable tokens "
+                   "whose probabilities sum to P (default: 0.9)")
+    p.add_argument("--temperature", type=float, default=1.0, help="divide the logits by this first (default: 1)")
+    p.add_argument("--seed", type=int, default=0, help="a sample is a function of its source and the seed "
+                   "(default: 0)")
+
+
+def decoding_options(args):
+    """`generate`'s keyword arguments for the options of `add_decoding_options`."""
+    if args.sampling:
+        decoding = dict(sampler=args.sampling, top_k=args.top_k, top_p=args.top_p, temperature=args.temperature,
+                        seed=args.seed)
+    elif args.beam_size == 1:
+        decoding = dict(sampler="greedy")
+    else:
+        decoding = dict(beam_size=args.beam_size, alpha=args.alpha, length_penalty=args.length_penalty)
+    return {**decoding, "target_prefix": args.target_prefix}
