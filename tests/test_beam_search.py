@@ -319,8 +319,8 @@ def test_segments_of_compiled_steps_equal_a_step_a_call(kind, alpha, beam_caches
     """Where steps are compiled (JAX, TensorFlow) the host search runs
     segments of steps on the device (`loop.search_segment`, the rules in
     Keras ops), shrinking the batch and growing the cache between them;
-    given its step functions it runs a step a call and ranks on the host
-    (NumPy). Same outputs, the same scores to float32's precision, for a
+    given its step functions it runs a decoder step and the search's step
+    a call. Same outputs, the same scores to float32's precision, for a
     batch that shrinks and a cache that grows twice; with a row a beam in
     the segments' caches or with caches they never reorder
     (`layers.beam_cache`)."""
@@ -335,15 +335,29 @@ def test_segments_of_compiled_steps_equal_a_step_a_call(kind, alpha, beam_caches
     sources.insert(5, [])
     settings = dict(beam_size=4, num_results=3, alpha=alpha, length_penalty=kind, max_length_offset=30)
     grown, shrunk = [], []
-    original_grown, original_kept = beam._grown, beam._kept
     held = []  # tensors in each grown state's first self-attention cache
-    monkeypatch.setattr(beam, "_grown", lambda function, state, length: grown.append(length) or held.append(
-        len(state[8][0])) or original_grown(function, state, length))
-    monkeypatch.setattr(beam, "_kept", lambda function, state, cross, keep: shrunk.append(len(keep)) or original_kept(
-        function, state, cross, keep))
+    original_states = beam.search_state_functions
+
+    def recording_states(model, beam_size):
+        initial, kept, grow = original_states(model, beam_size)
+
+        def recording_grow(state, length):
+            grown.append(length)
+            held.append(len(state[8][0]))
+            return grow(state, length=length)
+
+        def recording_kept(state, cross, keep, **kwargs):
+            shrunk.append(len(keep))
+            return kept(state, cross, keep, **kwargs)
+
+        return initial, recording_kept, recording_grow
+
+    monkeypatch.setattr(beam, "search_state_functions", recording_states)
     segments = beam_search(model, sources, **settings)
+    in_segments = list(grown), list(shrunk), list(held)
     steps = beam_search(model, sources, functions=decoding_functions(model), **settings)
     chunk = beam.CACHE_CHUNK if beam_caches else beam.SEGMENT_CACHE_CHUNK
+    grown, shrunk, held = in_segments
     assert grown[:2] == [2 * chunk, 3 * chunk] and shrunk and shrunk[-1] == 8, (grown, shrunk)
     assert set(held) == {3 if beam_caches else 2}, held
     outputs = [[[ids for ids, _, _ in result] for result in found] for found in (segments, steps)]

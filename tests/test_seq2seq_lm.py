@@ -274,7 +274,7 @@ def test_generate_text(small_tokenizer):
     with pytest.raises(ValueError, match="max_sequence_length=64"):
         model.generate(["Wort " * 200])
     with pytest.raises(ValueError, match="Unknown sampler"):
-        model.generate(["x"], sampler="top_k")
+        model.generate(["x"], sampler="nucleus")
     model.preprocessor = None
     with pytest.raises(ValueError, match="no preprocessor"):
         model.generate(["Ein Hund."])
