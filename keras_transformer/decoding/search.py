@@ -79,8 +79,10 @@ def advance(state, values, flat, caches, budgets, settings, special, vocabulary_
     # Rule 3: end tokens among the best k finish hypotheses (without the
     # end token); the best k other extensions stay live.
     ends = usable & is_end & (rank < k)
-    finished = _merged(ops, along, finished, k, along(sequences, parent), ops.full(ops.shape(parent), index, "int32"),
-                       ops.where(ends, penalised(values, length), never), values)
+    if ops.may_hold_true(ends):
+        finished = _merged(ops, along, finished, k, along(sequences, parent),
+                           ops.full(ops.shape(parent), index, "int32"), ops.where(ends, penalised(values, length), never),
+                           values)
     count = count + ops.sum(ops.cast(ends, "int32"), axis=1)
     others = usable & ~is_end
     chosen = others & (ops.cumsum(ops.cast(others, "int32"), axis=1) <= k)
@@ -95,8 +97,9 @@ def advance(state, values, flat, caches, budgets, settings, special, vocabulary_
 
     # Rule 4: at its budget a source's live beams finish as they are.
     at_budget = (length >= budgets) & ~done
-    finished = _merged(ops, along, finished, k, sequences, ops.full(ops.shape(parents), length, "int32"),
-                       ops.where(live & at_budget[:, None], penalised(log_probs, length), never), log_probs)
+    if ops.may_hold_true(at_budget):
+        finished = _merged(ops, along, finished, k, sequences, ops.full(ops.shape(parents), length, "int32"),
+                           ops.where(live & at_budget[:, None], penalised(log_probs, length), never), log_probs)
 
     # Rule 5, and sources with nothing live.
     over = search_is_over(
@@ -113,7 +116,9 @@ def advance(state, values, flat, caches, budgets, settings, special, vocabulary_
 def _merged(ops, along, finished, k, ids, lengths, scores, log_probs):
     """The `k` best of a source's finished hypotheses and new ones (scores
     `-inf` where not finished); earlier ones first on ties where `top_k`
-    keeps the lower index first among equal values."""
+    keeps the lower index first among equal values. (Where no new one
+    finishes, the merge keeps the finished ones as they are: `advance`
+    skips it where the namespace can tell, `may_hold_true`.)"""
     merged = [ops.concatenate([old, new], axis=1) for old, new in zip(finished, (ids, lengths, scores, log_probs))]
     _, best = ops.top_k(merged[2], k)
     return tuple(along(x, best) for x in merged)

@@ -27,6 +27,13 @@ class KerasOps:
         return keras.ops.cast(x, dtype)
 
     @staticmethod
+    def may_hold_true(x):
+        """Whether the boolean tensor `x` may hold a true value: here,
+        where it may be traced, always (work that only true values change
+        runs)."""
+        return True
+
+    @staticmethod
     def pad_to(x, axis, length):
         """`x` with zeros after its entries along `axis`, to `length`."""
         padding = [(0, 0)] * len(keras.ops.shape(x))

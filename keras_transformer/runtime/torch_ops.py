@@ -50,6 +50,11 @@ class TorchOps:
         return torch.where(condition, x, y)
 
     @staticmethod
+    def may_hold_true(x):
+        """Whether the boolean tensor `x` holds a true value (eager: known)."""
+        return bool(x.any())
+
+    @staticmethod
     def shape(x):
         return tuple(x.shape)
 
