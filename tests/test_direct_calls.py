@@ -772,11 +772,11 @@ def test_direct_dense_and_layer_norm_compute_numpys(dtype, mixed_kernel, monkeyp
 
 
 def test_direct_attention_and_row_take_give_keras_results():
-    """`direct_calls.dot_product_attention` and `take_rows` give Keras'
-    results, a row with every position masked included (a uniform average
+    """`direct_calls.dot_product_attention` and the search's row take
+    (`runtime.array_ops`) give Keras' results, a row with every position masked included (a uniform average
     on the CPU, zeros on CUDA; not NaN)."""
     from keras_transformer.layers.direct_calls import dot_product_attention
-    from keras_transformer.layers.direct_calls import take_rows
+    from keras_transformer.runtime.array_ops import array_ops
 
     rng = np.random.default_rng(1)
     query, key, value = (keras.ops.convert_to_tensor(rng.normal(size=shape).astype("float32"))
@@ -788,7 +788,7 @@ def test_direct_attention_and_row_take_give_keras_results():
     rows = keras.ops.convert_to_tensor(np.array([1, 1, 0], "int32"))
     with direct_calls():
         direct = to_numpy(dot_product_attention(query, key, value, mask))
-        taken = to_numpy(take_rows(value, rows))
+        taken = to_numpy(array_ops(value).take(value, rows, axis=0))
     np.testing.assert_allclose(direct, expected, rtol=1e-5, atol=1e-6)
     if getattr(getattr(value, "device", None), "type", "cpu") == "cpu":
         np.testing.assert_allclose(direct[1, 2], to_numpy(value)[1].mean(axis=0), rtol=1e-5, atol=1e-6)
@@ -799,15 +799,18 @@ def test_direct_attention_and_row_take_give_keras_results():
 
 @pytest.mark.parametrize("axis", [2, -2, 0])
 def test_zero_padded_pads_one_axis_with_zeros(axis):
-    """`direct_calls.zero_padded` (a search's cache growing by positions)
-    is NumPy's zero padding of one axis, on every backend."""
-    from keras_transformer.layers.direct_calls import zero_padded
+    """The search's `pad_to` (its cache growing by positions,
+    `runtime.array_ops`) is NumPy's zero padding of one axis, on every
+    backend, in Keras ops and in the backend's own namespace."""
+    from keras_transformer.runtime.array_ops import KERAS_OPS
+    from keras_transformer.runtime.array_ops import array_ops
 
     x = np.random.default_rng(2).normal(size=(3, 2, 5, 4)).astype("float32")
     padding = [(0, 0)] * 4
     padding[axis] = (0, 7 - x.shape[axis])
-    padded = to_numpy(zero_padded(keras.ops.convert_to_tensor(x), axis, 7))
-    np.testing.assert_array_equal(padded, np.pad(x, padding))
+    tensor = keras.ops.convert_to_tensor(x)
+    for ops in (KERAS_OPS, array_ops(tensor)):
+        np.testing.assert_array_equal(to_numpy(ops.pad_to(tensor, axis, 7)), np.pad(x, padding))
 
 
 @pytest.mark.skipif(keras.config.backend() != "torch", reason="the int8 products of direct calls are PyTorch's")

@@ -39,8 +39,8 @@ Inside `direct_calls()` on PyTorch, the float (not quantized, not LoRA)
 weights go further: each is one PyTorch call (`linear`, with its bias in
 the same product, and `layer_norm`), not the few Keras ops of its `call`,
 each of which converts and checks its inputs. So is the attention kernel
-(`dot_product_attention`); `take_rows`, which reorders the caches to the
-beams' parents, is one `index_select` on PyTorch. So are the token
+(`dot_product_attention`). (The search reorders and grows its caches
+through `keras_transformer.runtime.array_ops`.) So are the token
 embedding's lookup and output projection (`linear`, with the logits bias),
 and the sinusoidal encoding reads its rows from a table computed once. A
 decoder layer's cached step (one new position, no dropout) is plain
@@ -215,30 +215,6 @@ def additive_mask(allowed, like):
 
     largest = 65500.0 if like.dtype == torch.float16 else 3.38953e38
     return torch.full(allowed.shape, -0.7 * largest, dtype=like.dtype, device=like.device).masked_fill_(allowed, 0.0)
-
-
-def take_rows(x, rows):
-    """`keras.ops.take(x, rows, axis=0)` of a tensor `x` for non-negative
-    integer `rows` (a tensor): on PyTorch one `index_select` (Keras' take adds
-    a conversion and a correction of negative indices)."""
-    if keras.config.backend() != "torch":
-        return keras.ops.take(x, rows, axis=0)
-    return x.index_select(0, rows)
-
-
-def zero_padded(x, axis, length):
-    """`x` with zeros after its entries along `axis`, to `length` of them:
-    `keras.ops.pad`, which on PyTorch is one `torch.nn.functional.pad` call
-    (Keras' conversions and checks took 86 us against 4 for a decoding
-    cache of one sentence's beams)."""
-    if keras.config.backend() != "torch":
-        padding = [(0, 0)] * len(keras.ops.shape(x))
-        padding[axis] = (0, length - keras.ops.shape(x)[axis])
-        return keras.ops.pad(x, padding)
-    from torch.nn.functional import pad
-
-    # (`pad` lists the axes from the last, two numbers an axis.)
-    return pad(x, (0, 0) * (x.dim() - 1 - axis % x.dim()) + (0, length - x.shape[axis]))
 
 
 class DirectCall:
