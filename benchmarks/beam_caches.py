@@ -8,12 +8,12 @@
 search runs segments of compiled steps
 (`keras_transformer.decoding.loop.search_segment`). Their self-attention
 caches hold either a row a beam, reordered to the beams' parents at every
-step, or the caches of `keras_transformer.layers.beam_cache`, whose keys
-and values stay where they were written (`loop.SEGMENT_BEAM_CACHES` says
+step, or the caches of `keras_transformer.runtime.beam_cache`, whose keys
+and values stay where they were written (`runtime.backend_choices.SEGMENT_BEAM_CACHES` says
 which, by backend).
 
 `--compare cache-bits`: bfloat16 caches holding bfloat16, or their bits
-(`keras_transformer.layers.cache_bits`, `HELD_AS_BITS`; TensorFlow's
+(`keras_transformer.runtime.cache_bits`, `HELD_AS_BITS`; TensorFlow's
 segments then hold plain caches, not beam caches), one sentence at a time
 (the search in one compiled loop) or 64 at a time (segments).
 
@@ -42,13 +42,13 @@ from anchor_ctranslate2 import processor
 
 
 def _beam_caches(backend, second):
-    from keras_transformer.decoding import loop
+    from keras_transformer.runtime import backend_choices
 
-    loop.SEGMENT_BEAM_CACHES = {backend: second}
+    backend_choices.SEGMENT_BEAM_CACHES = {backend: second}
 
 
 def _cache_bits(backend, second):
-    from keras_transformer.layers import cache_bits
+    from keras_transformer.runtime import cache_bits
 
     cache_bits.HELD_AS_BITS = {backend: second}
 

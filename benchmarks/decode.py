@@ -70,7 +70,7 @@ class Recompute:
         if self._functions is None:
             from keras import ops
 
-            from keras_transformer.decoding.compiled import compile_for_inference
+            from keras_transformer.runtime.compiled import compile_for_inference
             from keras_transformer.decoding.rules import never_output_bias
             from keras_transformer.decoding.transforms import candidates
 

@@ -60,11 +60,11 @@ def package_rows(preset, calls):
     from keras_transformer.decoding import interface
     from keras_transformer.decoding.rules import best_extensions
     from keras_transformer.decoding.rules import never_output_bias
-    from keras_transformer.layers.direct_calls import direct_calls
-    from keras_transformer.layers.direct_calls import in_place_cache_writes
-    from keras_transformer.layers.direct_calls import unchanged_weights
-    from keras_transformer.layers.torch_decoding_step import decoding_step
-    from keras_transformer.layers.torch_decoding_step import step_weights
+    from keras_transformer.runtime.direct_calls import direct_calls
+    from keras_transformer.runtime.direct_calls import in_place_cache_writes
+    from keras_transformer.runtime.direct_calls import unchanged_weights
+    from keras_transformer.runtime.torch_decoding_step import decoding_step
+    from keras_transformer.runtime.torch_step_weights import step_weights
     from keras_transformer.models import TransformerSeq2SeqLM
 
     model = TransformerSeq2SeqLM.from_preset(preset)

@@ -4,8 +4,8 @@ weights prepacked once for oneDNN, alone and in translations, in one run.
     python benchmarks/products.py --data-dir PATH/TO/multi30k [--preset transformer_multi30k_en_de]
 
 On AMD processors this package's PyTorch decoding multiplies float32
-matrices of at least `direct_calls._PREPACKED_FLOAT32_WEIGHTS` entries with
-prepacked oneDNN weights (`direct_calls.prepacked_product`): MKL runs its
+matrices of at least `int8_products._PREPACKED_FLOAT32_WEIGHTS` entries with
+prepacked oneDNN weights (`int8_products.prepacked_product`): MKL runs its
 fastest code on Intel's processors only. This script measures both ways on
 the machine at hand, whatever its processor:
 
@@ -71,13 +71,13 @@ def alternating(model, batches, passes, translate):
     """Sentences/s of `translate(batch)` over `batches` with prepacked
     float32 products off and on, passes alternating; whether both gave the
     same outputs."""
-    from keras_transformer.layers import direct_calls
+    from keras_transformer.runtime import int8_products
 
-    prepacked_here = direct_calls._float32_products_prepacked
+    prepacked_here = int8_products._float32_products_prepacked
     settings = {"linear": lambda: False, "prepacked": lambda: True}
 
     def run(setting):
-        direct_calls._float32_products_prepacked = settings[setting]
+        int8_products._float32_products_prepacked = settings[setting]
         # The products are made again for the setting: drop those held.
         for layer in model._flatten_layers(include_self=True):
             for name in ("_torch_step_weights", "_torch_prepacked_projection"):
@@ -96,7 +96,7 @@ def alternating(model, batches, passes, translate):
                 speeds[setting].append(speed)
                 outputs.setdefault(setting, found)
     finally:
-        direct_calls._float32_products_prepacked = prepacked_here
+        int8_products._float32_products_prepacked = prepacked_here
     return speeds, outputs["linear"] == outputs["prepacked"]
 
 
@@ -154,12 +154,12 @@ def main():
     args = parser.parse_args()
     if not torch.backends.mkldnn.is_available():
         sys.exit("This PyTorch has no oneDNN: there is nothing to compare.")
-    from keras_transformer.layers import direct_calls
+    from keras_transformer.runtime import int8_products
     from keras_transformer.utils.memory import reuse_freed_memory
 
     reuse_freed_memory()  # as `keras-transformer translate` does
     print(f"processor: {processor()}; PyTorch {torch.__version__}, {torch.get_num_threads()} threads; "
-          f"this package prepacks float32 products here: {direct_calls._float32_products_prepacked()}", flush=True)
+          f"this package prepacks float32 products here: {int8_products._float32_products_prepacked()}", flush=True)
     print()
     print("| matrix (inputs x outputs) | " + " | ".join(f"{rows} rows: linear / prepacked (us)" for rows in ROWS) + " |")
     print("| --- |" + " ---: |" * len(ROWS))

@@ -14,7 +14,7 @@ Rows, each `fit` on the same batch (the same batches every step: no data
 loading), float32 and `mixed_bfloat16`:
 
 - `keras_transformer`: this package's `TransformerSeq2SeqLM`, whose steps
-  call their layers directly on PyTorch (`keras_transformer.layers.direct_calls`);
+  call their layers directly on PyTorch (`keras_transformer.runtime.direct_calls`);
 - `keras_transformer, Keras calls`: the same with every layer called through
   `keras.layers.Layer.__call__`, as before direct calls;
 - `torch.nn.Transformer`: PyTorch's model of the same size, Adam and

@@ -95,7 +95,7 @@ def backend_matmul_flops(dtype, size=2048, repeats=5):
     worker's Keras backend, multiplied as its training step multiplies in
     `dtype`: float32 products for "float32"; for "mixed_bfloat16",
     bfloat16 operands into a float32 result on JAX (this package's
-    `layers.bfloat16_products`, where XLA's CPU code multiplies fastest),
+    `runtime.bfloat16_products`, where XLA's CPU code multiplies fastest),
     into bfloat16 on TensorFlow (its oneDNN kernels, which its training
     step runs) and PyTorch. The bound of each row's "of matmul" and "vs
     float32" on that backend."""

@@ -53,13 +53,13 @@ import tensorflow_text as tf_text
 
 from keras_transformer.decoding import rules
 from keras_transformer.decoding.beam import ENSEMBLE_LOOP_BATCH_SIZE
-from keras_transformer.decoding.beam import LOOP_BATCH_SIZES
 from keras_transformer.decoding.beam import loop_cache_length
 from keras_transformer.decoding.beam import round_up
 from keras_transformer.decoding.ensemble import Ensemble
 from keras_transformer.decoding.interface import search_loop_function
 from keras_transformer.decoding.loop import search_loop
 from keras_transformer.decoding.settings import DecodingSettings
+from keras_transformer.runtime.backend_choices import LOOP_BATCH_SIZES
 from keras_transformer.export_checks import check_export
 from keras_transformer.export_checks import load_for_export
 from keras_transformer.presets import ensembles

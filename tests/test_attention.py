@@ -156,12 +156,12 @@ def test_mixed_precision_attends_in_float32(key_dim, value_dim, dropout, monkeyp
     reference = MultiHeadAttention(num_heads=4, key_dim=key_dim, value_dim=value_dim)
     reference(query, query)
     random_bias(reference)
-    from keras_transformer.layers.attention import _products_in_compute_dtype
+    from keras_transformer.runtime.backend_choices import attends_mixed_in_compute_dtype
 
     # In bfloat16 on TensorFlow and PyTorch's CPU; in float32 on JAX and
     # PyTorch's GPUs (the fused kernel).
     on_device = keras.ops.convert_to_tensor(query)
-    mixed_in = "bfloat16" if _products_in_compute_dtype(on_device) else "float32"
+    mixed_in = "bfloat16" if attends_mixed_in_compute_dtype(on_device) else "float32"
     for policy, attends_in in [("mixed_bfloat16", mixed_in), ("bfloat16", "bfloat16")]:
         layer = MultiHeadAttention(num_heads=4, key_dim=key_dim, value_dim=value_dim, dropout=dropout, dtype=policy)
         layer(query, query)
@@ -231,7 +231,7 @@ def test_attention_over_a_fixed_memory_cache_matches_numpy():
 
 
 def test_head_major_attention_is_equation_1_and_averages_where_nothing_is_allowed():
-    from keras_transformer.layers.attention import head_major_attention
+    from keras_transformer.layers.scaled_dot_product import head_major_attention
 
     rng = np.random.default_rng(12)
     q = rng.normal(size=(2, 3, 2, 4)).astype("float32")

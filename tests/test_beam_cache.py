@@ -1,5 +1,5 @@
 """The self-attention cache that beam search never reorders
-(`keras_transformer.layers.beam_cache`), against a plain cache reordered
+(`keras_transformer.runtime.beam_cache`), against a plain cache reordered
 at every step and against the attention of each beam over its own
 history computed in NumPy."""
 
@@ -10,8 +10,8 @@ import pytest
 from keras import ops
 
 from keras_transformer.layers import MultiHeadAttention
-from keras_transformer.layers import beam_cache
-from keras_transformer.layers import cache_bits
+from keras_transformer.runtime import beam_cache
+from keras_transformer.runtime import cache_bits
 
 SOURCES, BEAMS, HEADS, D_MODEL, LENGTH = 2, 3, 2, 8, 6
 
@@ -105,7 +105,7 @@ def test_a_mixed_precision_search_in_segments_with_beam_caches_equals_plain_cach
     segments' beam caches hold bfloat16, and the translations are those of
     a row a beam."""
     from keras_transformer.decoding import beam
-    from keras_transformer.decoding import loop
+    from keras_transformer.runtime import backend_choices
     from keras_transformer.decoding.beam import beam_search
     from keras_transformer.decoding.interface import forget_decoding_functions
 
@@ -116,7 +116,7 @@ def test_a_mixed_precision_search_in_segments_with_beam_caches_equals_plain_cach
     sources = UNEVEN_SOURCES
     found = {}
     for held in (False, True):
-        monkeypatch.setattr(loop, "SEGMENT_BEAM_CACHES", {keras.config.backend(): held})
+        monkeypatch.setattr(backend_choices, "SEGMENT_BEAM_CACHES", {keras.config.backend(): held})
         monkeypatch.setattr(cache_bits, "HELD_AS_BITS", {})  # (else TensorFlow's plain caches, held as bits)
         forget_decoding_functions(model)
         found[held] = beam_search(model, sources, beam_size=4, max_length_offset=30)

@@ -323,12 +323,12 @@ def test_segments_of_compiled_steps_equal_a_step_a_call(kind, alpha, beam_caches
     a call. Same outputs, the same scores to float32's precision, for a
     batch that shrinks and a cache that grows twice; with a row a beam in
     the segments' caches or with caches they never reorder
-    (`layers.beam_cache`)."""
+    (`runtime.beam_cache`)."""
     from keras_transformer.decoding import beam
-    from keras_transformer.decoding import loop
+    from keras_transformer.runtime import backend_choices
     from keras_transformer.decoding.interface import decoding_functions
 
-    monkeypatch.setattr(loop, "SEGMENT_BEAM_CACHES", {keras.config.backend(): beam_caches})
+    monkeypatch.setattr(backend_choices, "SEGMENT_BEAM_CACHES", {keras.config.backend(): beam_caches})
     monkeypatch.setattr(beam, "concurrent_parts", lambda: 1)
     model = tiny_model(seed=5, max_sequence_length=128)
     sources = list(UNEVEN_SOURCES)
@@ -422,7 +422,7 @@ def test_a_batch_searched_in_parts_at_once_equals_one_search(monkeypatch):
 def test_batches_are_searched_in_parts_on_a_cpu_where_steps_are_compiled():
     import os
 
-    from keras_transformer.decoding.compiled import concurrent_parts
+    from keras_transformer.runtime.compiled import concurrent_parts
 
     if keras.config.backend() == "torch":  # (its eager steps use every core already)
         assert concurrent_parts() == 1
@@ -716,7 +716,7 @@ def test_compiled_functions_take_each_nesting_shape_and_default_as_the_function_
     keyword arguments given or left to their defaults, reading the
     model's weights as they are at the call; on TensorFlow, where calls
     go to a trace found by the arguments' shapes, one trace a signature."""
-    from keras_transformer.decoding.compiled import compile_for_inference
+    from keras_transformer.runtime.compiled import compile_for_inference
 
     scale = keras.Variable(np.float32(2.0))
     traces = []
@@ -783,7 +783,7 @@ def test_output_columns_are_the_embeddings_transposed_where_xla_decodes_on_a_cpu
     assert with_mixed_precision.output_columns() is None
     # bfloat16 weights: bfloat16 columns, multiplied into float32 logits
     # (`bfloat16_products.float32_product`), those of the same values in float32.
-    from keras_transformer.layers.bfloat16_products import float32_product
+    from keras_transformer.runtime.bfloat16_products import float32_product
 
     in_bfloat16 = SharedTokenEmbedding(vocabulary_size=12, d_model=8, dtype="bfloat16")
     in_bfloat16.build()
@@ -809,8 +809,8 @@ def test_tensorflow_loops_project_through_a_transposed_copy_made_in_the_function
     eagerly, it binds nothing."""
     import tensorflow as tf
 
-    from keras_transformer.decoding.compiled import loop_output_columns
-    from keras_transformer.layers.bfloat16_products import output_columns_of
+    from keras_transformer.runtime.compiled import loop_output_columns
+    from keras_transformer.runtime.bfloat16_products import output_columns_of
 
     model = tiny_model(seed=3, output_bias=True)
     embedding = model.backbone.token_embedding
@@ -840,7 +840,7 @@ def test_compiled_functions_read_the_weights_as_variable_value_gives_them():
     values in a `StatelessScope`, cast values in an autocast scope."""
     from keras.src.backend import AutocastScope
 
-    from keras_transformer.decoding.compiled import _values
+    from keras_transformer.runtime.compiled import _values
 
     variables = tiny_model(seed=7).variables
     for value, variable in zip(_values(variables), variables):

@@ -1,5 +1,5 @@
 """A bfloat16 self-attention cache held as its bits
-(`keras_transformer.layers.cache_bits`): the same attention and the same
+(`keras_transformer.runtime.cache_bits`): the same attention and the same
 translations as a cache holding bfloat16, and the keys and values it
 holds are those of the inputs written."""
 
@@ -10,8 +10,8 @@ import pytest
 from keras import ops
 
 from keras_transformer.layers import MultiHeadAttention
-from keras_transformer.layers import cache_bits
-from keras_transformer.layers.bfloat16_products import xla_on_cpu
+from keras_transformer.runtime import cache_bits
+from keras_transformer.runtime.bfloat16_products import xla_on_cpu
 
 pytestmark = pytest.mark.skipif(
     keras.config.backend() == "torch", reason="PyTorch's caches hold bfloat16 (its decoding step is its own)"
@@ -67,13 +67,14 @@ def test_a_search_with_caches_of_bits_equals_one_with_bfloat16_caches(count, mon
     `beam_cache` caches hold plain ones where those hold bits."""
     from keras_transformer.decoding import beam
     from keras_transformer.decoding import loop
+    from keras_transformer.runtime import backend_choices
     from keras_transformer.decoding.beam import beam_search
     from keras_transformer.decoding.interface import forget_decoding_functions
 
     from test_beam_search import UNEVEN_SOURCES, tiny_model
 
     monkeypatch.setattr(beam, "concurrent_parts", lambda: 1)
-    monkeypatch.setattr(loop, "SEGMENT_BEAM_CACHES", {keras.config.backend(): False})
+    monkeypatch.setattr(backend_choices, "SEGMENT_BEAM_CACHES", {keras.config.backend(): False})
     model = tiny_model(seed=5, max_sequence_length=128, dtype_policy="bfloat16")
     sources = UNEVEN_SOURCES[-count:]
     found = {}
@@ -84,7 +85,7 @@ def test_a_search_with_caches_of_bits_equals_one_with_bfloat16_caches(count, mon
         assert cache_bits.holds_bits(caches[0][0]) == held
         found[held] = beam_search(model, sources, beam_size=4, num_results=2, max_length_offset=30)
         with monkeypatch.context() as patch:
-            patch.setattr(loop, "SEGMENT_BEAM_CACHES", {keras.config.backend(): True})
+            patch.setattr(backend_choices, "SEGMENT_BEAM_CACHES", {keras.config.backend(): True})
             assert loop.segment_beam_caches(model) == (not held)
     assert [[ids for ids, *_ in result] for result in found[True]] == [
         [ids for ids, *_ in result] for result in found[False]]

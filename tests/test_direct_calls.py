@@ -1,4 +1,4 @@
-"""Direct layer calls (`keras_transformer.layers.direct_calls`), which
+"""Direct layer calls (`keras_transformer.runtime.direct_calls`), which
 decoding uses on PyTorch: the numbers of Keras' full `Layer.__call__`,
 without its work on each call."""
 
@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from keras_transformer.decoding import beam_search
-from keras_transformer.layers.direct_calls import direct_calls
+from keras_transformer.runtime.direct_calls import direct_calls
 from keras_transformer.models import TransformerBackbone
 from keras_transformer.models import TransformerSeq2SeqLM
 
@@ -68,7 +68,7 @@ def _cached_steps(model, sources=SOURCES, prefix=TARGET_PREFIX, return_cache=Fal
 
 def _tolerance(dtype):
     """Direct calls against Keras calls: equal, but for the rounding of
-    PyTorch's fused calls (see `direct_calls.Dense`)."""
+    PyTorch's fused calls (see `direct_layers.Dense`)."""
     if keras.config.backend() != "torch":
         return dict(rtol=0, atol=0)
     if "bfloat16" in dtype:
@@ -156,7 +156,7 @@ def test_direct_calls_cast_and_scope_as_keras_calls(layer_dtype, scope_dtype, la
     in bfloat16 with its float32 weights, from float32 inputs."""
     from keras.src.backend import AutocastScope
 
-    from keras_transformer.layers.direct_calls import Dense
+    from keras_transformer.runtime.direct_layers import Dense
 
     layer = Dense(8, dtype=layer_dtype)
     # A layer without mixed dtypes is given inputs of its dtype (the
@@ -224,7 +224,7 @@ def test_training_steps_on_pytorch_call_layers_directly(dtype, layer_calls, monk
 def test_beam_search_on_pytorch_calls_no_layer_through_keras(layer_calls, monkeypatch):
     import contextlib
 
-    from keras_transformer.decoding import compiled
+    from keras_transformer.runtime import compiled
 
     model = _model("float32")
     sources = [SOURCES[0, :5].tolist(), SOURCES[1, :3].tolist()]
@@ -265,11 +265,11 @@ def test_decoding_steps_run_the_plain_pytorch_step_where_it_applies(variant, pla
     dtype, or Keras' int8 weights), and Keras' calls otherwise; both give the logits of Keras'
     `Layer.__call__` (`test_direct_calls_give_the_logits_of_keras_calls`
     checks the numbers of every variant)."""
-    from keras_transformer.layers import decoder
+    from keras_transformer.runtime import torch_layer_calls
 
     model = _model(variant)
     expected = _cached_steps(model)
-    direct, steps = _direct_steps_recording(model, monkeypatch, decoder, "decoding_step", 3)
+    direct, steps = _direct_steps_recording(model, monkeypatch, torch_layer_calls, "decoding_step", 3)
     np.testing.assert_allclose(direct, expected, **_tolerance(variant))
     # 2 layers, 3 steps: positions 0, 1, 2 in each.
     assert steps == ([0, 0, 1, 1, 2, 2] if plain else [])
@@ -306,7 +306,7 @@ def test_encoder_layers_run_the_plain_pytorch_step_without_gradients(variant, pl
     runs `call`."""
     import torch
 
-    from keras_transformer.layers import encoder
+    from keras_transformer.runtime import torch_layer_calls as encoder
 
     model = _model(variant)
     mask = SOURCES != 0
@@ -344,8 +344,8 @@ def test_search_steps_run_the_decoder_stack_as_plain_pytorch_calls(variant, plai
     logits; in mixed precision, the layers' own calls. So are the encoder
     output's keys and values for the decoder layers
     (`torch_decoding_step.cross_attention_cache`)."""
-    from keras_transformer.layers import direct_calls as direct_module
-    from keras_transformer.layers.direct_calls import unchanged_weights
+    from keras_transformer.runtime import dispatch as direct_module
+    from keras_transformer.runtime.direct_calls import unchanged_weights
     from keras_transformer.models.transformer import backbone as backbone_module
 
     model = _model(variant)
@@ -387,8 +387,8 @@ def test_bfloat16_search_steps_attend_in_float32_from_16_rows(copies, attends_in
     bfloat16's rounding, and those of the same weights in float32."""
     import torch
 
-    from keras_transformer.layers.direct_calls import unchanged_weights
-    from keras_transformer.layers.torch_decoding_step import attention_dtype
+    from keras_transformer.runtime.direct_calls import unchanged_weights
+    from keras_transformer.runtime.torch_decoding_step import attention_dtype
 
     model = _model("bfloat16")
     float32 = _model("float32")  # the same random weights, unrounded
@@ -411,7 +411,7 @@ def test_search_steps_read_the_weights_as_each_search_starts():
     the second one's."""
     import torch
 
-    from keras_transformer.layers.direct_calls import unchanged_weights
+    from keras_transformer.runtime.direct_calls import unchanged_weights
 
     model = _model("float32")
     # (In inference mode, as a search runs: the output projection of a few
@@ -486,12 +486,12 @@ def test_plain_pytorch_step_reads_weights_changed_after_it_ran():
 @only_torch
 def test_prepacked_bfloat16_products_follow_the_weights():
     """bfloat16 decoding on a CPU with bfloat16 matrix units multiplies with
-    weights prepacked once (`direct_calls.prepacked_product`): the decoder
+    weights prepacked once (`int8_products.prepacked_product`): the decoder
     layers' products and the output projection give Keras' logits, and
     again after the embeddings and a projection are written in place."""
     import torch
 
-    from keras_transformer.layers import direct_calls as module
+    from keras_transformer.runtime import int8_products as module
 
     weight, bias = torch.randn(24, 16).bfloat16(), torch.randn(24).bfloat16()
     product = module.prepacked_product(weight)
@@ -509,8 +509,8 @@ def test_prepacked_bfloat16_products_follow_the_weights():
     made = []
     original = module.prepacked_product
     with pytest.MonkeyPatch.context() as patch:
-        from keras_transformer.layers import embedding
-        from keras_transformer.layers import torch_decoding_step
+        from keras_transformer.runtime import torch_layer_calls as embedding
+        from keras_transformer.runtime import torch_step_weights as torch_decoding_step
 
         def counting(*args):
             made.append(tuple(args[0].shape))
@@ -549,7 +549,7 @@ def test_prepacked_bfloat16_products_of_any_rows_are_their_rounded_products(rows
     rounded to bfloat16: within a bfloat16 rounding of NumPy's float64."""
     import torch
 
-    from keras_transformer.layers import direct_calls as module
+    from keras_transformer.runtime import int8_products as module
 
     generator = torch.Generator().manual_seed(rows)
     weight = torch.randn(384, 128, generator=generator).bfloat16()
@@ -571,7 +571,7 @@ def test_prepacked_bfloat16_products_of_any_rows_are_their_rounded_products(rows
 @pytest.mark.parametrize("rows", [1, 4, 64])
 def test_prepacked_float32_products_are_linear_products(rows):
     """Where large float32 products are prepacked in oneDNN (AMD
-    processors, `direct_calls._float32_products_prepacked`), a product of a
+    processors, `int8_products._float32_products_prepacked`), a product of a
     matrix of at least `_PREPACKED_FLOAT32_WEIGHTS` entries is `linear`'s:
     within float32 rounding of NumPy's float64 product, at any number of
     rows, and through `linear` (with a gradient) where gradients are
@@ -579,7 +579,7 @@ def test_prepacked_float32_products_are_linear_products(rows):
     `linear` (no packed product)."""
     import torch
 
-    from keras_transformer.layers import direct_calls as module
+    from keras_transformer.runtime import int8_products as module
 
     if not torch.backends.mkldnn.is_available():
         pytest.skip("this PyTorch has no oneDNN")
@@ -612,7 +612,7 @@ def test_prepacked_float32_products_follow_the_weights():
     packed copies are made again for the new weights."""
     import torch
 
-    from keras_transformer.layers import direct_calls as module
+    from keras_transformer.runtime import int8_products as module
 
     if not torch.backends.mkldnn.is_available():
         pytest.skip("this PyTorch has no oneDNN")
@@ -620,8 +620,8 @@ def test_prepacked_float32_products_follow_the_weights():
     made = []
     original = module.prepacked_product
     with pytest.MonkeyPatch.context() as patch:
-        from keras_transformer.layers import embedding
-        from keras_transformer.layers import torch_decoding_step
+        from keras_transformer.runtime import torch_layer_calls as embedding
+        from keras_transformer.runtime import torch_step_weights as torch_decoding_step
 
         def counting(weight):
             product = original(weight)
@@ -673,8 +673,8 @@ def test_cache_writes_in_place_only_where_the_caller_owns_the_cache():
     """`write_cache` writes into the cache it is given only within both
     `in_place_cache_writes()` and `direct_calls()` on PyTorch; otherwise it
     leaves the given cache as it was and returns `slice_update`'s copy."""
-    from keras_transformer.layers.direct_calls import in_place_cache_writes
-    from keras_transformer.layers.direct_calls import write_cache
+    from keras_transformer.runtime.direct_calls import in_place_cache_writes
+    from keras_transformer.runtime.direct_calls import write_cache
 
     update = keras.ops.ones((2, 1, 1, 3))
     expected = np.zeros((2, 1, 4, 3), "float32")
@@ -709,7 +709,7 @@ def test_cache_writes_in_place_only_where_the_caller_owns_the_cache():
 )
 @pytest.mark.parametrize("direct", [False, True])
 def test_projections_compute_numpys_einsum(equation, input_shape, output_shape, bias_axes, direct):
-    from keras_transformer.layers.direct_calls import EinsumDense
+    from keras_transformer.runtime.direct_layers import EinsumDense
 
     layer = EinsumDense(equation, output_shape=output_shape, bias_axes=bias_axes, bias_initializer="random_normal")
     x = np.random.randn(*input_shape).astype("float32")
@@ -736,9 +736,9 @@ def test_direct_dense_and_layer_norm_compute_numpys(dtype, mixed_kernel, monkeyp
     takes the bfloat16 input and float32 weights; on devices whose kernel
     wants one dtype, CUDA's, the input cast to float32: `mixed_kernel`
     False takes that path here)."""
-    from keras_transformer.layers import direct_calls as module
-    from keras_transformer.layers.direct_calls import Dense
-    from keras_transformer.layers.direct_calls import LayerNormalization
+    from keras_transformer.runtime import int8_products as module
+    from keras_transformer.runtime.direct_layers import Dense
+    from keras_transformer.runtime.direct_layers import LayerNormalization
 
     rng = np.random.default_rng(0)
     x = rng.normal(size=(3, 5, 16)).astype("float32")
@@ -775,7 +775,7 @@ def test_direct_attention_and_row_take_give_keras_results():
     """`direct_calls.dot_product_attention` and the search's row take
     (`runtime.array_ops`) give Keras' results, a row with every position masked included (a uniform average
     on the CPU, zeros on CUDA; not NaN)."""
-    from keras_transformer.layers.direct_calls import dot_product_attention
+    from keras_transformer.runtime.direct_calls import dot_product_attention
     from keras_transformer.runtime.array_ops import array_ops
 
     rng = np.random.default_rng(1)
@@ -817,12 +817,13 @@ def test_zero_padded_pads_one_axis_with_zeros(axis):
 def test_int8_layers_multiply_as_int8_with_keras_results():
     """Quantized to int8, the model's projections, feed-forward layers and
     output projection are each one int8 product on PyTorch
-    (`direct_calls.int8_product`), with the results of Keras' int8 calls;
+    (`int8_products.int8_product`), with the results of Keras' int8 calls;
     in the plain PyTorch decoding step, the self-attention's three
     projections are one int8 product together."""
-    from keras_transformer.layers import direct_calls as module
-    from keras_transformer.layers import embedding
-    from keras_transformer.layers import torch_decoding_step
+    from keras_transformer.runtime import direct_layers as module
+    from keras_transformer.runtime import torch_layer_calls as embedding
+    from keras_transformer.runtime import torch_step_weights as torch_decoding_step
+    from keras_transformer.runtime.layer_calls import torch_call_of
 
     model = _model("int8")
     layers = [layer for layer in model.backbone._flatten_layers() if layer.quantization_mode == "int8"]
@@ -846,7 +847,7 @@ def test_int8_layers_multiply_as_int8_with_keras_results():
     np.testing.assert_allclose(direct, expected, rtol=1e-5, atol=1e-5)
     kinds = {type(layer).__name__ for layer in layers}
     assert {"Dense", "EinsumDense", "SharedTokenEmbedding"} <= kinds
-    assert all(module.torch_call_of(layer) is not None for layer in layers if type(layer).__name__ != "SharedTokenEmbedding")
+    assert all(torch_call_of(layer) is not None for layer in layers if type(layer).__name__ != "SharedTokenEmbedding")
     # Per step: 2 decoder layers x (the joined self-attention projections,
     # its output, the cross-attention's query and output, 2 feed-forward
     # layers) in the decoding step, and the output projection.
@@ -866,7 +867,7 @@ def test_int8_products_of_a_few_rows_in_float32_are_the_integer_products(dtype):
     for float32 and bfloat16 inputs (a bfloat16 model quantized to int8)."""
     import torch
 
-    from keras_transformer.layers import direct_calls as module
+    from keras_transformer.runtime import int8_products as module
 
     quantizer = keras.quantizers.AbsMaxQuantizer(axis=-1)
     inputs, outputs = module.EXACT_INT8_INPUTS, 8
@@ -904,7 +905,7 @@ def test_int8_products_without_int8_instructions_are_the_integer_products(inputs
     as int32)."""
     import torch
 
-    from keras_transformer.layers import direct_calls as module
+    from keras_transformer.runtime import int8_products as module
 
     generator = torch.Generator().manual_seed(0)
     signs = torch.randint(0, 2, (inputs,), generator=generator) * 2 - 1
@@ -934,7 +935,7 @@ def test_dropout_drops_at_its_rate_and_keeps_the_expectation(rate):
     kept values are scaled by one over the keep probability, and the
     gradient is the same mask and scale. The same seed gives the same mask;
     the next call of a layer, another one."""
-    from keras_transformer.layers.direct_calls import Dropout
+    from keras_transformer.runtime.direct_layers import Dropout
 
     keras.utils.set_random_seed(3)
     x = keras.Variable(np.ones((400, 1000), "float32"))
@@ -989,8 +990,8 @@ def test_attention_over_a_cache_sees_its_written_positions_only(rows, value_dept
     whatever the positions after them hold."""
     import torch
 
-    from keras_transformer.layers.torch_decoding_step import _MASKED_FROM_ROWS
-    from keras_transformer.layers.torch_decoding_step import attend_to_cache
+    from keras_transformer.runtime.torch_decoding_step import _MASKED_FROM_ROWS
+    from keras_transformer.runtime.torch_decoding_step import attend_to_cache
 
     assert (rows >= _MASKED_FROM_ROWS) == (rows == 32)  # each path once
     heads, length, depth, index = 4, 16, 8, 6
@@ -1011,7 +1012,7 @@ def test_attention_over_a_cache_sees_its_written_positions_only(rows, value_dept
 def test_decoding_steps_masking_the_whole_cache_give_keras_logits(variant, monkeypatch):
     """The decoding step with the masked whole-cache attention at any
     number of rows (the test's 2 included) gives Keras' logits."""
-    from keras_transformer.layers import torch_decoding_step
+    from keras_transformer.runtime import torch_decoding_step
 
     model = _model(variant)
     expected = _cached_steps(model)

@@ -280,7 +280,7 @@ def test_models_built_alike_share_their_compiled_steps(monkeypatch):
     growing cache) finds what the search in one loop finds; on JAX and
     TensorFlow it compiles each model's step once for the models built
     alike: the second tiny model runs the first one's compiled code."""
-    from keras_transformer.decoding.compiled import compiles_steps
+    from keras_transformer.runtime.compiled import compiles_steps
 
     models = [tiny_model(seed=0), tiny_model(seed=3), two_layer_model(seed=5)]
     traced = {i: 0 for i in range(3)}
@@ -335,12 +335,12 @@ def _prepack_float32_products(monkeypatch, prepacked):
     to the test models' tiny matrices, or not at all."""
     import torch
 
-    from keras_transformer.layers import direct_calls
+    from keras_transformer.runtime import int8_products
 
     if prepacked and not torch.backends.mkldnn.is_available():
         pytest.skip("this PyTorch has no oneDNN")
-    monkeypatch.setattr(direct_calls, "_float32_products_prepacked", lambda: prepacked)
-    monkeypatch.setattr(direct_calls, "_PREPACKED_FLOAT32_WEIGHTS", 1)
+    monkeypatch.setattr(int8_products, "_float32_products_prepacked", lambda: prepacked)
+    monkeypatch.setattr(int8_products, "_PREPACKED_FLOAT32_WEIGHTS", 1)
 
 
 def _group_projections(ensemble):
@@ -359,10 +359,10 @@ def test_alike_models_step_as_one_with_the_ensembles_probabilities(normalize_fir
     are those of the models stepped one after another; also with each
     model's output projection a prepacked product (AMD processors)."""
     from keras_transformer.decoding import DecodingSettings
-    from keras_transformer.decoding import torch_ensemble_step
+    from keras_transformer.runtime import torch_ensemble_step
     from keras_transformer.decoding.interface import decoding_functions
     from keras_transformer.decoding.interface import forget_decoding_functions
-    from keras_transformer.layers.direct_calls import unchanged_weights
+    from keras_transformer.runtime.direct_calls import unchanged_weights
 
     _prepack_float32_products(monkeypatch, prepacked)
     ensemble = _ensemble_for_grouping(normalize_first)
@@ -414,7 +414,7 @@ def test_grouped_weights_follow_the_models_weights(prepacked, monkeypatch):
     step (an embedding matrix alone, then a decoder layer's kernel alone):
     its results change with them, and equal the models stepped one after
     another; also with prepacked output projections."""
-    from keras_transformer.decoding import torch_ensemble_step
+    from keras_transformer.runtime import torch_ensemble_step
 
     _prepack_float32_products(monkeypatch, prepacked)
     ensemble = _ensemble_for_grouping()

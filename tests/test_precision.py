@@ -10,7 +10,7 @@ import pytest
 
 from keras_transformer import cli
 from keras_transformer.layers import SharedTokenEmbedding
-from keras_transformer.layers.bfloat16_products import xla_on_cpu
+from keras_transformer.runtime.bfloat16_products import xla_on_cpu
 from keras_transformer.models import TransformerSeq2SeqLM
 
 from helpers import once
@@ -63,7 +63,7 @@ def test_bfloat16_model_computes_in_bfloat16_and_translates_like_float32():
     model = TransformerSeq2SeqLM.from_preset(PRESET, dtype="bfloat16")
     assert model.backbone.compute_dtype == "bfloat16"
     cache = model.empty_self_attention_cache(2, 8)
-    # (On TensorFlow's CPU the cache holds the bfloat16 numbers' bits: `layers.cache_bits`.)
+    # (On TensorFlow's CPU the cache holds the bfloat16 numbers' bits: `runtime.cache_bits`.)
     bits = keras.config.backend() == "tensorflow" and xla_on_cpu()
     assert keras.backend.standardize_dtype(cache[0][0].dtype) == ("uint16" if bits else "bfloat16")
     assert model.generate("A man is riding a bicycle.") == "Ein Mann fährt Fahrrad."
@@ -128,9 +128,9 @@ def test_compiled_bfloat16_projections_multiply_into_float32_on_xla():
 
     import ml_dtypes
 
-    from keras_transformer.decoding.compiled import compile_for_inference
-    from keras_transformer.layers.direct_calls import Dense
-    from keras_transformer.layers.direct_calls import EinsumDense
+    from keras_transformer.runtime.compiled import compile_for_inference
+    from keras_transformer.runtime.direct_layers import Dense
+    from keras_transformer.runtime.direct_layers import EinsumDense
 
     keras.utils.set_random_seed(3)
     inner = Dense(24, activation="relu", dtype="bfloat16")
@@ -172,7 +172,7 @@ def test_compiled_bfloat16_projections_multiply_into_float32_on_xla():
         import jax
 
         compiled(x)  # (the functions traced inside the context; traced again here to read them)
-        from keras_transformer.layers.bfloat16_products import xla_decoding
+        from keras_transformer.runtime.bfloat16_products import xla_decoding
 
         with xla_decoding():
             text = str(jax.make_jaxpr(function)(x))
@@ -180,7 +180,7 @@ def test_compiled_bfloat16_projections_multiply_into_float32_on_xla():
     elif backend == "tensorflow":
         import tensorflow as tf
 
-        from keras_transformer.layers.bfloat16_products import xla_decoding
+        from keras_transformer.runtime.bfloat16_products import xla_decoding
 
         with xla_decoding():
             graph = tf.function(function, jit_compile=True).get_concrete_function(x).graph
@@ -203,13 +203,13 @@ def test_compiled_int8_projections_are_keras_int8_products(dtype, bfloat16_instr
     product (XLA's int8 product into int32) gives the same outputs. Among
     the layers, one of the most inputs the float32 sums hold exactly
     (1,040), at its worst case: every product +127 x +127."""
-    from keras_transformer.decoding.compiled import compile_for_inference
-    from keras_transformer.layers import direct_calls
+    from keras_transformer.runtime.compiled import compile_for_inference
+    from keras_transformer.runtime import direct_calls
     from keras_transformer.layers import embedding as embedding_module
-    from keras_transformer.layers.bfloat16_products import EXACT_INT8_INPUTS
-    from keras_transformer.layers.bfloat16_products import int8_product_in_float32
-    from keras_transformer.layers.direct_calls import Dense
-    from keras_transformer.layers.direct_calls import EinsumDense
+    from keras_transformer.runtime.bfloat16_products import EXACT_INT8_INPUTS
+    from keras_transformer.runtime.bfloat16_products import int8_product_in_float32
+    from keras_transformer.runtime.direct_layers import Dense
+    from keras_transformer.runtime.direct_layers import EinsumDense
     from keras_transformer.models.transformer.seq2seq_lm import _one_garbage_collection
     from keras_transformer.utils import processor
 
@@ -281,8 +281,8 @@ def test_mixed_precision_gradients_on_jax_are_bfloat16_products_into_float32():
     import jax
     import ml_dtypes
 
-    from keras_transformer.layers.direct_calls import Dense
-    from keras_transformer.layers.direct_calls import EinsumDense
+    from keras_transformer.runtime.direct_layers import Dense
+    from keras_transformer.runtime.direct_layers import EinsumDense
 
     keras.utils.set_random_seed(5)
     rng = np.random.default_rng(0)
@@ -368,7 +368,7 @@ def test_compiled_mixed_precision_gradients_keep_bfloat16_operands():
 
     import jax
 
-    from keras_transformer.layers.direct_calls import Dense
+    from keras_transformer.runtime.direct_layers import Dense
 
     keras.utils.set_random_seed(3)
     model = keras.Sequential(

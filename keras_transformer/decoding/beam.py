@@ -32,13 +32,13 @@ decoding.
 import functools
 from concurrent.futures import ThreadPoolExecutor
 
-import keras
 import numpy as np
 from keras import ops
 
-from keras_transformer.decoding.compiled import compiles_steps
-from keras_transformer.decoding.compiled import compiles_whole_loops
-from keras_transformer.decoding.compiled import concurrent_parts
+from keras_transformer.runtime.backend_choices import loop_batch_size as loop_batch_size_here
+from keras_transformer.runtime.compiled import compiles_steps
+from keras_transformer.runtime.compiled import compiles_whole_loops
+from keras_transformer.runtime.compiled import concurrent_parts
 from keras_transformer.decoding.ensemble import Ensemble
 from keras_transformer.decoding.interface import advance_function
 from keras_transformer.decoding.interface import decoding_functions
@@ -49,7 +49,7 @@ from keras_transformer.decoding.interface import segment_holds_beam_caches
 from keras_transformer.decoding.rules import output_budgets
 from keras_transformer.decoding.sampling import source_keys
 from keras_transformer.decoding.settings import DecodingSettings
-from keras_transformer.layers.direct_calls import unchanged_weights
+from keras_transformer.runtime.direct_calls import unchanged_weights
 from keras_transformer.runtime.array_ops import array_ops
 from keras_transformer.runtime.array_ops import id_list
 from keras_transformer.runtime.array_ops import to_numpy
@@ -70,23 +70,13 @@ EAGER_CACHE_CHUNK = 8
 # The same in the host search's segments (`_search_in_segments`) where they
 # hold a row a beam: every step reorders (copies) that cache, its unwritten
 # positions too, so it grows by fewer positions at a time (one more segment
-# call and copy a growth). Segments holding `layers.beam_cache` caches,
+# call and copy a growth). Segments holding `runtime.beam_cache` caches,
 # which no step copies, grow them by CACHE_CHUNK. The preset's first model,
 # 512 test_2016_flickr sentences 64 at a time, beam 4, 2-core AMD EPYC,
 # alternating passes, the same translations (medians, 8 against 16): JAX
 # 1.03x (float32) and 1.04x, 1.06x (bfloat16, two runs); TensorFlow
 # bfloat16 1.01x, 1.04x; TensorFlow float32 (beam caches) 0.97x.
 SEGMENT_CACHE_CHUNK = 8
-
-# Batches of at most this many sources run in one compiled loop where the
-# backend compiles one (`loop.py`), by backend: for them the host search's
-# calls cost more than what it saves by dropping finished sources from the
-# batch and growing the cache as outputs grow. The host search in segments
-# (`_search_in_segments`), the preset's first model, test_2016_flickr,
-# beam 4, 2-core AMD EPYC, loop's time / segments' (three alternating
-# pairs): JAX batch 1 0.82-0.94, batch 2 0.95-1.21, batch 4 1.30-1.39;
-# TensorFlow batch 1 0.71-0.80, batch 2 0.70-0.82, batch 4 0.93-1.09.
-LOOP_BATCH_SIZES = {"jax": 1, "tensorflow": 4}
 
 # The same for an ensemble (`decoding.ensemble.Ensemble`), whose host
 # search runs a step a call (segments would compile every model's step into
@@ -205,13 +195,13 @@ def beam_search(model, sources, settings=None, functions=None, in_loop=None, **s
 
 def loop_batch_size(model):
     """The largest batch that `beam_search` runs in one compiled loop by
-    default (`LOOP_BATCH_SIZES`, `ENSEMBLE_LOOP_BATCH_SIZE`); 0 where the
+    default (`runtime.backend_choices.LOOP_BATCH_SIZES`, `ENSEMBLE_LOOP_BATCH_SIZE`); 0 where the
     backend compiles no loop (PyTorch)."""
     if not compiles_whole_loops():
         return 0
     if isinstance(model, Ensemble):
         return ENSEMBLE_LOOP_BATCH_SIZE
-    return LOOP_BATCH_SIZES[keras.config.backend()]
+    return loop_batch_size_here()
 
 
 def _host_search(model, sources, settings, functions=None):

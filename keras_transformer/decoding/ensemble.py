@@ -19,6 +19,8 @@ import types
 
 from keras import ops
 
+from keras_transformer.runtime.kernels import backend_kernel
+
 
 # The smallest mean probability kept: float32's normal range, so that a
 # token that no model gives any probability ranks last but is not -inf.
@@ -118,14 +120,11 @@ class Ensemble:
 
 
 def _grouped_step(ensemble, token_ids, index, cache, encoder_padding_mask):
-    """`torch_ensemble_step.grouped_step` on PyTorch, else None."""
-    import keras
-
-    if keras.config.backend() != "torch":
-        return None
-    from keras_transformer.decoding.torch_ensemble_step import grouped_step
-
-    return grouped_step(ensemble, token_ids, index, cache, encoder_padding_mask)
+    """The backend's step of alike models as one (`grouped_step`, PyTorch's
+    in `runtime.torch_ensemble_step`) where it has one and it applies, else
+    None."""
+    grouped_step = backend_kernel("grouped_step")
+    return None if grouped_step is None else grouped_step(ensemble, token_ids, index, cache, encoder_padding_mask)
 
 
 def probabilities_of(logits):

@@ -15,10 +15,10 @@ from typing import runtime_checkable
 
 from keras import ops
 
-from keras_transformer.decoding.compiled import compile_for_inference
-from keras_transformer.decoding.compiled import compile_for_models
-from keras_transformer.decoding.compiled import compiles_steps
-from keras_transformer.decoding.compiled import structure_key
+from keras_transformer.runtime.compiled import compile_for_inference
+from keras_transformer.runtime.compiled import compile_for_models
+from keras_transformer.runtime.compiled import compiles_steps
+from keras_transformer.runtime.compiled import structure_key
 from keras_transformer.decoding.ensemble import Ensemble
 from keras_transformer.decoding.ensemble import log_mean
 from keras_transformer.decoding.ensemble import probabilities_of
@@ -31,7 +31,7 @@ from keras_transformer.decoding.search import grown_state
 from keras_transformer.decoding.search import initial_state
 from keras_transformer.decoding.search import kept_slots
 from keras_transformer.decoding.transforms import candidates
-from keras_transformer.layers.direct_calls import in_place_cache_writes
+from keras_transformer.runtime.direct_calls import in_place_cache_writes
 from keras_transformer.runtime.array_ops import array_ops
 
 
@@ -68,7 +68,7 @@ class Seq2SeqDecodingModel(Protocol):
         `beams` (optional: the compiled searches pass it only where the
         method takes it), caches that beam search never reorders, for
         `batch_size` sources of `beams` beams
-        (`keras_transformer.layers.beam_cache`)."""
+        (`keras_transformer.runtime.beam_cache`)."""
 
     def call_decoder_with_cache(self, token_ids, index, cache, encoder_padding_mask):
         """One cached step: `token_ids` `(batch, 1)` at position `index`,
@@ -181,7 +181,7 @@ def search_state_functions(model, beam_size):
 def segment_holds_beam_caches(model):
     """`loop.segment_beam_caches(model)`, decided once per model and kept
     with its compiled functions (`forget_decoding_functions` drops it too):
-    whether the states of `search_state_functions` hold `layers.beam_cache`
+    whether the states of `search_state_functions` hold `runtime.beam_cache`
     caches, which also sets how the host search grows them
     (`beam.SEGMENT_CACHE_CHUNK`). (Deciding asks the model for an empty
     cache: not at every search.)"""
@@ -219,7 +219,7 @@ _WITHOUT_WEIGHTS = types.SimpleNamespace(variables=[])
 def decoding_functions(model):
     """The encoder and the beam search step of `model` (a
     `Seq2SeqDecodingModel`), compiled for the backend (see
-    `keras_transformer.decoding.compiled`), made once per model.
+    `keras_transformer.runtime.compiled`), made once per model.
 
     Returns:
         `(encode, step)`: `encode(encoder_token_ids, encoder_padding_mask)`

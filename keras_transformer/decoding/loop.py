@@ -25,20 +25,20 @@ cache of a fixed length from the start (`beam._search_in_loop` tries a
 short one first).
 
 On TensorFlow the segments hold self-attention caches that they never
-reorder (`layers.beam_cache`, `SEGMENT_BEAM_CACHES`) where the model's
+reorder (`runtime.beam_cache`, `runtime.backend_choices.SEGMENT_BEAM_CACHES`) where the model's
 `empty_self_attention_cache` takes `beams`: a step reorders only which
 row holds each position of a beam's history, not every layer's keys and
 values. Not for a bfloat16 model on a CPU, whose plain caches hold their
-numbers' bits (`layers.cache_bits`) and reorder faster.
+numbers' bits (`runtime.cache_bits`) and reorder faster.
 """
-import keras
 from keras import ops
 
-from keras_transformer.decoding.compiled import loop_output_columns
+from keras_transformer.runtime.backend_choices import beam_caches_in_segments
+from keras_transformer.runtime.compiled import loop_output_columns
 from keras_transformer.decoding.sampling import source_keys
 from keras_transformer.decoding.search import cached_step
 from keras_transformer.decoding.search import initial_state
-from keras_transformer.layers import cache_bits
+from keras_transformer.runtime import cache_bits
 from keras_transformer.runtime.array_ops import KERAS_OPS
 
 
@@ -122,31 +122,15 @@ def search_segment(model, state, encoder_mask, cross, budgets, min_live, setting
     return ops.while_loop(cond, body, state)
 
 
-# Where the host search's segments (`search_segment`) hold self-attention
-# caches that they never reorder (`layers.beam_cache`), by backend: a step
-# then reorders which row holds each position of a beam's history, not
-# every layer's keys and values, but each beam's query is scored against
-# every row of its source (4x the attention's products at beam 4).
-# Measured with the shipped preset's first model, 512 test_2016_flickr
-# sentences 64 at a time, beam 4, 2-core AMD EPYC, four alternating passes
-# (time with the plain cache / with this one, median): TensorFlow 1.10x
-# (float32) and 1.11x (bfloat16); JAX 1.01x and 0.96-0.99x (again with
-# `benchmarks/beam_caches.py`: TensorFlow 1.04x and 1.09x, JAX 1.02x and
-# 1.00x, and JAX's bfloat16 BLEU 0.2 lower). One sentence at a
-# time in one loop (`search_loop`, 48 sentences, float32) it was slower:
-# JAX 0.85x, TensorFlow 0.95x; so that loop keeps a row a beam.
-SEGMENT_BEAM_CACHES = {"jax": False, "tensorflow": True}
-
-
 def segment_beam_caches(model):
-    """Whether `search_segment`'s states hold `layers.beam_cache` caches
-    for `model` on this backend: where `SEGMENT_BEAM_CACHES` says so, but
+    """Whether `search_segment`'s states hold `runtime.beam_cache` caches
+    for `model` on this backend: where `runtime.backend_choices.SEGMENT_BEAM_CACHES` says so, but
     not where the model's plain caches hold bfloat16 numbers as their
-    bits (`layers.cache_bits`). Those reorder as integers, and their
+    bits (`runtime.cache_bits`). Those reorder as integers, and their
     search ran as fast or faster than one with beam caches: TensorFlow
     bfloat16, the same 512 sentences 64 at a time, 1.02x and 1.05x (two
     runs; beam caches holding bits too, 0.95x)."""
-    if not SEGMENT_BEAM_CACHES.get(keras.config.backend(), False):
+    if not beam_caches_in_segments():
         return False
     return not any(cache_bits.holds_bits(cache[0]) for cache in model.empty_self_attention_cache(1, 1))
 

@@ -34,7 +34,7 @@ from keras_transformer.decoding.rules import length_penalty
 from keras_transformer.decoding.rules import never_output_bias
 from keras_transformer.decoding.rules import search_is_over
 from keras_transformer.decoding.transforms import candidates
-from keras_transformer.layers import beam_cache
+from keras_transformer.runtime import beam_cache
 from keras_transformer.runtime.array_ops import array_ops
 
 
@@ -175,7 +175,7 @@ def initial_state(model, batch, beam_size, length, width=None, beam_caches=False
 
 def empty_caches(model, batch, beam_size, length, beam_caches=False):
     """The zeroed self-attention caches of a search of `batch` sources:
-    with `beam_caches`, `layers.beam_cache`'s where the model makes them;
+    with `beam_caches`, `runtime.beam_cache`'s where the model makes them;
     else a row a beam."""
     if beam_caches and _takes_beams(model):
         return model.empty_self_attention_cache(batch, length, beams=beam_size)
@@ -193,7 +193,7 @@ def reordered_caches(caches, parents, beam_size):
     """The self-attention caches for beams that descend from the rows
     `parents` (int32 `(batch * beam_size,)`, each a row of the same
     source's beams): a plain cache's rows taken, a beam cache's origins
-    (`layers.beam_cache.reordered`)."""
+    (`runtime.beam_cache.reordered`)."""
     ops = array_ops(parents)
     if any(beam_cache.is_beam_cache(cache) for cache in caches):
         grouped = ops.reshape(parents, (-1, beam_size))
@@ -258,7 +258,7 @@ def grown_state(state, length):
 
 def padded_caches(caches, length, ops):
     """Each `(keys, values)` cache, `(batch, heads, positions, d)`,
-    zero-padded to `length` positions (a `layers.beam_cache` likewise)."""
+    zero-padded to `length` positions (a `runtime.beam_cache` likewise)."""
     return [
         beam_cache.padded(cache, length, ops.pad_to) if beam_cache.is_beam_cache(cache)
         else (ops.pad_to(cache[0], 2, length), ops.pad_to(cache[1], 2, length))

@@ -1,7 +1,7 @@
 """The Transformer's building blocks, one module per section of the paper."""
 
 from keras_transformer.layers.attention import MultiHeadAttention
-from keras_transformer.layers.attention import scaled_dot_product_attention
+from keras_transformer.layers.scaled_dot_product import scaled_dot_product_attention
 from keras_transformer.layers.decoder import TransformerDecoderLayer
 from keras_transformer.layers.embedding import SharedTokenEmbedding
 from keras_transformer.layers.encoder import TransformerEncoderLayer

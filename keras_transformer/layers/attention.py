@@ -1,26 +1,28 @@
-"""Scaled dot-product and multi-head attention (paper sections 3.2.1-3.2.2).
+"""Multi-head attention (paper section 3.2.2).
 
-    Attention(Q, K, V) = softmax(Q K^T / sqrt(d_k)) V                   (1)
     MultiHead(Q, K, V) = Concat(head_1, ..., head_h) W^O
         where head_i = Attention(Q W_i^Q, K W_i^K, V W_i^V)
 
+with Attention, equation (1), in `layers.scaled_dot_product` (3.2.1).
 Illegal connections (padding, future positions) are set to -inf before the
 softmax (section 3.2.3), so they receive exactly zero weight.
 """
 
-import math
 
 import keras
-import ml_dtypes
 from keras import ops
 
-from keras_transformer.layers import beam_cache
-from keras_transformer.layers import cache_bits
-from keras_transformer.layers.direct_calls import DirectCall
-from keras_transformer.layers.direct_calls import Dropout
-from keras_transformer.layers.direct_calls import EinsumDense
-from keras_transformer.layers.direct_calls import dot_product_attention
-from keras_transformer.layers.direct_calls import write_cache
+from keras_transformer.layers.scaled_dot_product import head_major_attention
+from keras_transformer.layers.scaled_dot_product import scaled_dot_product_attention
+from keras_transformer.runtime import beam_cache
+from keras_transformer.runtime.backend_choices import attends_head_major
+from keras_transformer.runtime.backend_choices import attends_mixed_in_compute_dtype
+from keras_transformer.runtime import cache_bits
+from keras_transformer.runtime.dispatch import DirectCall
+from keras_transformer.runtime.direct_layers import Dropout
+from keras_transformer.runtime.direct_layers import EinsumDense
+from keras_transformer.runtime.direct_calls import dot_product_attention
+from keras_transformer.runtime.direct_calls import write_cache
 from keras_transformer.layers.initializers import independent
 
 
@@ -43,107 +45,6 @@ def _ungroup_weights(weights, query_shape):
     weights = ops.reshape(weights, (memory_batch, heads, -1, query_shape[1], source_length))
     weights = ops.transpose(weights, (0, 2, 1, 3, 4))
     return ops.reshape(weights, (query_shape[0], heads, query_shape[1], source_length))
-
-
-def _mask_value(dtype):
-    # The most negative finite number of the dtype plays the part of -inf:
-    # exp(mask_value - row_max) is exactly 0 for any row holding a real score,
-    # and a row where everything is masked (an all-padding sequence) averages
-    # uniformly instead of producing NaN.
-    # (ml_dtypes, which Keras depends on, knows bfloat16; NumPy does not.)
-    return float(ml_dtypes.finfo(keras.backend.standardize_dtype(dtype)).min)
-
-
-def _products_in_compute_dtype(heads):
-    """Whether mixed precision attends with the products in the compute
-    dtype (see `MultiHeadAttention._attend`): on TensorFlow, and on
-    PyTorch's CPU."""
-    backend = keras.config.backend()
-    if backend == "torch":
-        return getattr(getattr(heads, "device", None), "type", None) == "cpu"
-    return backend == "tensorflow"
-
-
-def scaled_dot_product_attention(
-    query, key, value, mask=None, dropout=None, training=None
-):
-    """Equation (1) with explicit weights (section 3.2.1).
-
-    Args:
-        query: `(batch, target_length, num_heads, d_k)`.
-        key: `(batch, source_length, num_heads, d_k)`.
-        value: `(batch, source_length, num_heads, d_v)`.
-        mask: optional boolean, broadcastable to
-            `(batch, num_heads, target_length, source_length)`; `True` marks
-            the connections that are allowed.
-        dropout: optional `keras.layers.Dropout` applied to the weights.
-        training: forwarded to `dropout`.
-
-    Returns:
-        `(output, weights)`: output `(batch, target_length, num_heads, d_v)`
-        and the attention weights
-        `(batch, num_heads, target_length, source_length)`.
-    """
-    d_k = ops.shape(query)[-1]
-    scores = ops.einsum("btnh,bsnh->bnts", query, key)
-    scores = scores / ops.cast(math.sqrt(d_k), scores.dtype)
-    if mask is not None:
-        scores = ops.where(mask, scores, _mask_value(scores.dtype))
-    # The softmax runs in float32 even under mixed precision.
-    weights = ops.cast(ops.softmax(ops.cast(scores, "float32"), axis=-1), value.dtype)
-    if dropout is not None:
-        # (A mixed-precision dropout layer returns its compute dtype.)
-        weights = ops.cast(dropout(weights, training=training), value.dtype)
-    return ops.einsum("bnts,bsnh->btnh", weights, value), weights
-
-
-def head_major_attention(query, keys, values, mask=None):
-    """Equation (1) of token-major queries over head-major keys and values
-    (a cache's layout), as batched matrix products over the batch and
-    heads.
-
-    Args:
-        query: `(batch, target_length, num_heads, d_k)`.
-        keys: `(batch, num_heads, source_length, d_k)`.
-        values: `(batch, num_heads, source_length, d_v)`.
-        mask: optional boolean, broadcastable to `(batch, num_heads,
-            target_length, source_length)`; `True` where attention is
-            allowed (a row with none allowed averages uniformly).
-
-    Returns:
-        `(batch, target_length, num_heads, d_v)`.
-
-    For the encoder-decoder attention of a decoding step on JAX
-    (`MultiHeadAttention`): XLA's CPU code runs the two products of
-    `keras.ops.dot_product_attention` over token-major keys and values as
-    general products with the heads as a batch axis in the middle, and
-    these as batched matrix products. A source's 4 beams over 24
-    positions, 4 heads of 32, 32 sources (64 sentences searched in two
-    parts): 197 against 58 us a layer (2-core AMD EPYC, in a compiled
-    loop); one source: 6.4 against 5.1 us. (TensorFlow's translations ran
-    no faster this way: not used there.)
-
-    Example:
-
-    >>> import numpy as np
-    >>> query = np.random.rand(2, 4, 3, 8).astype("float32")
-    >>> keys, values = np.random.rand(2, 2, 3, 5, 8).astype("float32")
-    >>> tuple(head_major_attention(query, keys, values).shape)
-    (2, 4, 3, 8)
-    """
-    query = ops.transpose(query, (0, 2, 1, 3)) * ops.cast(ops.shape(query)[-1] ** -0.5, query.dtype)
-    scores = ops.matmul(query, ops.transpose(keys, (0, 1, 3, 2)))
-    if mask is not None:
-        scores = ops.where(mask, scores, _mask_value(scores.dtype))
-    weights = ops.softmax(scores, axis=-1)
-    return ops.transpose(ops.matmul(weights, values), (0, 2, 1, 3))
-
-
-def _compiles_head_major(layer):
-    """Whether `layer`'s encoder-decoder attention over a cache runs as
-    `head_major_attention`: on JAX, computing in the dtype of its
-    weights."""
-    return keras.config.backend() == "jax" and layer.compute_dtype == layer.variable_dtype
 
 
 @keras.saving.register_keras_serializable(package="keras_transformer")
@@ -336,7 +237,7 @@ class MultiHeadAttention(DirectCall, keras.layers.Layer):
             and not return_attention_scores
             and (self.dropout == 0.0 or not training)
         )
-        if shared_memory and fused and _compiles_head_major(self):
+        if shared_memory and fused and attends_head_major(self):
             heads, weights = head_major_attention(query_heads, *map(cache_bits.read, cache), mask), None
         else:
             heads, weights = self._attend(query_heads, key_heads, value_heads, mask, fused, training)
@@ -385,7 +286,7 @@ class MultiHeadAttention(DirectCall, keras.layers.Layer):
         fused kernel, which keeps no weights for the backward pass.
         """
         mixed = self.compute_dtype != self.variable_dtype
-        if mixed and _products_in_compute_dtype(query_heads):
+        if mixed and attends_mixed_in_compute_dtype(query_heads):
             heads, weights = scaled_dot_product_attention(
                 query_heads, key_heads, value_heads, mask, self.dropout_layer, training
             )
@@ -423,9 +324,9 @@ class MultiHeadAttention(DirectCall, keras.layers.Layer):
         `(key_cache, value_cache)`, each `(batch_size, num_heads, length,
         d_k | d_v)`, for `call(..., cache=..., cache_update_index=...)`;
         a bfloat16 cache on TensorFlow's CPU holds the numbers' bits, as
-        `uint16` (`layers.cache_bits`).
+        `uint16` (`runtime.cache_bits`).
         With `beams`, a cache that beam search never reorders
-        (`layers.beam_cache`) for `batch_size` sources of `beams` beams."""
+        (`runtime.beam_cache`) for `batch_size` sources of `beams` beams."""
         dtype = dtype or self.compute_dtype
         if beams is not None:
             return beam_cache.empty(batch_size, self.num_heads, beams, length, self._d_k, self._d_v, dtype)

@@ -9,8 +9,6 @@ LayerNorm(x + Dropout(Sublayer(x))).
 import keras
 
 from keras_transformer.layers.residual import TransformerLayerBase
-from keras_transformer.layers.torch_decoding_step import decoding_step
-from keras_transformer.layers.torch_decoding_step import step_weights
 
 
 @keras.saving.register_keras_serializable(package="keras_transformer")
@@ -163,46 +161,6 @@ class TransformerDecoderLayer(TransformerLayerBase):
             )
         _check_memory(encoder_sequence, cross_attention_cache)
         return self.output_spec(decoder_sequence)
-
-    # `direct_calls()` on PyTorch: a decoding step (one position, written
-    # into the self-attention cache) as plain PyTorch calls
-    # (`torch_decoding_step`); any other call runs `call`.
-    _torch_call_takes_training = True
-
-    def _torch_plan(self):
-        return True
-
-    def _torch_call(
-        self,
-        decoder_sequence,
-        encoder_sequence=None,
-        decoder_padding_mask=None,
-        encoder_padding_mask=None,
-        self_attention_cache=None,
-        self_attention_cache_update_index=None,
-        cross_attention_cache=None,
-        return_attention_scores=False,
-        training=None,
-    ):
-        index = self_attention_cache_update_index
-        step = (
-            self_attention_cache is not None
-            and cross_attention_cache is not None
-            and isinstance(index, int)
-            and decoder_sequence.shape[1] == 1
-            and decoder_padding_mask is None
-            and not return_attention_scores
-            and not training
-        )
-        weights = step_weights(self) if step else None
-        if weights is None:
-            return self.call(
-                decoder_sequence, encoder_sequence, decoder_padding_mask, encoder_padding_mask,
-                self_attention_cache, index, cross_attention_cache, return_attention_scores, training,
-            )
-        return decoding_step(
-            self, weights, decoder_sequence, index, self_attention_cache, cross_attention_cache, encoder_padding_mask
-        )
 
 
 def _check_memory(encoder_sequence, cross_attention_cache):

@@ -12,21 +12,14 @@ import math
 import keras
 from keras import ops
 
-from keras_transformer.layers.bfloat16_products import bfloat16_product
-from keras_transformer.layers.bfloat16_products import bfloat16_products_in_float32
-from keras_transformer.layers.bfloat16_products import float32_product
-from keras_transformer.layers.bfloat16_products import int8_product_in_float32
-from keras_transformer.layers.bfloat16_products import int8_products_in_float32
-from keras_transformer.layers.bfloat16_products import output_columns_of
-from keras_transformer.layers.bfloat16_products import xla_on_cpu
-from keras_transformer.layers.direct_calls import DirectCall
-from keras_transformer.layers.direct_calls import derived_once
-from keras_transformer.layers.direct_calls import int8_product
-from keras_transformer.layers.direct_calls import prepacked_product
-
-# The most rows an output projection takes through `_torch_projection_columns`.
-_FEW_ROWS = 32
-
+from keras_transformer.runtime.bfloat16_products import bfloat16_product
+from keras_transformer.runtime.bfloat16_products import bfloat16_products_in_float32
+from keras_transformer.runtime.bfloat16_products import float32_product
+from keras_transformer.runtime.bfloat16_products import int8_product_in_float32
+from keras_transformer.runtime.bfloat16_products import int8_products_in_float32
+from keras_transformer.runtime.bfloat16_products import output_columns_of
+from keras_transformer.runtime.backend_choices import reads_output_columns
+from keras_transformer.runtime.dispatch import DirectCall
 
 @keras.saving.register_keras_serializable(package="keras_transformer")
 class SharedTokenEmbedding(DirectCall, keras.layers.ReversibleEmbedding):
@@ -135,68 +128,11 @@ class SharedTokenEmbedding(DirectCall, keras.layers.ReversibleEmbedding):
         # Keras calls this instead of `call` once the layer is quantized.
         return self._shared_call(super().quantized_call, inputs, reverse)
 
-    def _torch_plan(self):
-        # `direct_calls`: the int8 output projection as one int8 product.
-        return self.tie_weights and self.logit_soft_cap is None
-
-    def _torch_call(self, inputs, reverse=False):
-        # `direct_calls`, float weights: the lookup (scaled) and the output
-        # projection (with its bias) one PyTorch call each.
-        import torch
-        from torch.nn.functional import embedding
-        from torch.nn.functional import linear
-
-        embeddings = self._embeddings.value
-        if reverse and self.reverse_dtype is not None:
-            return self.call(inputs, reverse=True)
-        if reverse:
-            bias = None if self.logits_bias is None else self.logits_bias.value
-            if not torch.is_grad_enabled() and inputs.dtype == embeddings.dtype:
-                # Inference: bfloat16 weights (and float32 ones on AMD
-                # processors) prepacked once, kept while they stay as they
-                # are (`direct_calls.prepacked_product`).
-                product = derived_once(
-                    self, "_torch_prepacked_projection", embeddings, lambda: prepacked_product(embeddings)
-                )
-                if product is not None:
-                    return product(inputs, bias)
-                if inputs.numel() <= _FEW_ROWS * self.output_dim and embeddings.device.type == "cpu":
-                    # A few rows (a sentence's beams): the product reads
-                    # the embeddings as a `(d_model, vocabulary)` matrix,
-                    # a copy made once. With the `(vocabulary, d_model)`
-                    # matrix itself, PyTorch's CPU product re-lays the
-                    # whole matrix out at every call: 4 x 128 by 128 x
-                    # 8,000 took 140 us against 58 (2-core Intel Xeon),
-                    # the same from 64 rows up.
-                    columns = derived_once(
-                        self, "_torch_projection_columns", embeddings, lambda: embeddings.detach().t().contiguous()
-                    )
-                    return linear(inputs, columns.t(), bias)
-            return linear(inputs, embeddings, bias)
-        # (A decoding step's token ids are a NumPy array: its dtype's kind
-        # is read directly, where Keras' `standardize_dtype` took 6 us.)
-        kind = getattr(inputs.dtype, "kind", None)
-        if kind not in ("i", "u") and "int" not in keras.backend.standardize_dtype(inputs.dtype):
-            return self.call(inputs)  # (which raises the error for it)
-        outputs = embedding(torch.as_tensor(inputs, device=embeddings.device), embeddings)
-        return outputs * math.sqrt(self.output_dim) if self.scale_embeddings else outputs
-
-    def _torch_int8_call(self, inputs, reverse=False):
-        if not reverse:
-            return self.quantized_call(inputs)
-        # Keras' int8 `ReversibleEmbedding` output projection: the inputs
-        # quantized, times the transposed int8 embeddings, de-scaled by the
-        # inputs' scales and each token's.
-        logits = int8_product(
-            self.inputs_quantizer, inputs, 1, self._embeddings.value.t(), self.embeddings_scale.value, inputs.dtype
-        )
-        return logits if self.logits_bias is None else logits + self.logits_bias.value.to(logits.dtype)
-
     def output_columns(self):
         """The output projection's matrix, `(d_model, vocabulary_size)`: a
         copy of the embeddings transposed, made once and kept while the
         embeddings stay as they are, for decoding compiled by JAX on a CPU
-        (`keras_transformer.decoding.compiled.compile_for_models` passes it
+        (`keras_transformer.runtime.compiled.compile_for_models` passes it
         to the compiled functions). None elsewhere, and for weights that
         are neither float32 nor bfloat16 (computing in their own dtype) or
         not tied, a quantized layer or a soft cap. bfloat16 columns give
@@ -219,7 +155,7 @@ class SharedTokenEmbedding(DirectCall, keras.layers.ReversibleEmbedding):
         >>> columns is None or tuple(columns.shape) == (4, 10)
         True
         """
-        if not (keras.config.backend() == "jax" and self.projects_through_columns() and xla_on_cpu()):
+        if not (reads_output_columns() and self.projects_through_columns()):
             return None
         embeddings = self.embeddings.value
         held = self.__dict__.get("_output_columns")

@@ -7,8 +7,6 @@ network, each wrapped as LayerNorm(x + Dropout(Sublayer(x))).
 import keras
 
 from keras_transformer.layers.residual import TransformerLayerBase
-from keras_transformer.layers.torch_decoding_step import encoding_step
-from keras_transformer.layers.torch_decoding_step import step_weights
 
 
 @keras.saving.register_keras_serializable(package="keras_transformer")
@@ -82,21 +80,3 @@ class TransformerEncoderLayer(TransformerLayerBase):
         if return_attention_scores:
             return super().compute_output_spec(inputs, padding_mask, return_attention_scores, training)
         return self.output_spec(inputs)
-
-    # `direct_calls()` on PyTorch: the layer without dropout or gradients,
-    # as a translation encodes a source, as plain PyTorch calls
-    # (`torch_decoding_step.encoding_step`, whose joined projection is a
-    # copy that gradients would not reach); any other call runs `call`.
-    _torch_call_takes_training = True
-
-    def _torch_plan(self):
-        return True
-
-    def _torch_call(self, inputs, padding_mask=None, return_attention_scores=False, training=None):
-        import torch
-
-        plain = not (return_attention_scores or training or torch.is_grad_enabled())
-        weights = step_weights(self) if plain else None
-        if weights is None:
-            return self.call(inputs, padding_mask, return_attention_scores, training)
-        return encoding_step(self, weights, inputs, padding_mask)

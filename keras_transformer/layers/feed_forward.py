@@ -5,9 +5,9 @@
 
 import keras
 
-from keras_transformer.layers.direct_calls import Dense
-from keras_transformer.layers.direct_calls import DirectCall
-from keras_transformer.layers.direct_calls import Dropout
+from keras_transformer.runtime.direct_layers import Dense
+from keras_transformer.runtime.dispatch import DirectCall
+from keras_transformer.runtime.direct_layers import Dropout
 from keras_transformer.layers.dropout import apply_dropout
 from keras_transformer.layers.initializers import independent
 

@@ -12,8 +12,7 @@ serialization names.
 import keras
 import keras_hub
 
-from keras_transformer.layers.direct_calls import DirectCall
-from keras_transformer.layers.torch_decoding_step import sinusoid_table
+from keras_transformer.runtime.dispatch import DirectCall
 
 
 @keras.saving.register_keras_serializable(package="keras_transformer")
@@ -40,19 +39,6 @@ class SinusoidalPositionEncoding(DirectCall, keras_hub.layers.SinePositionEncodi
     >>> float(pe[0, 0, 1])  # cos(0)
     1.0
     """
-
-    # `direct_calls()` on PyTorch: rows of a table computed once, for
-    # positions counted from an int `start_index` (decoding steps): the
-    # table's few ops cost more than a decoding step's embedding.
-    def _torch_plan(self):
-        return True
-
-    def _torch_call(self, inputs, start_index=0, positions=None):
-        if positions is not None or not isinstance(start_index, int):
-            return self.call(inputs, start_index=start_index, positions=positions)
-        length = inputs.shape[-2]
-        table = sinusoid_table(self, start_index + length, inputs)
-        return table[start_index : start_index + length].expand(inputs.shape)
 
 
 @keras.saving.register_keras_serializable(package="keras_transformer")

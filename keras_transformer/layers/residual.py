@@ -8,9 +8,9 @@ stack of pre-norm layers needs one final LayerNorm, which the backbone adds.
 import keras
 
 from keras_transformer.layers.attention import MultiHeadAttention
-from keras_transformer.layers.direct_calls import DirectCall
-from keras_transformer.layers.direct_calls import Dropout
-from keras_transformer.layers.direct_calls import LayerNormalization
+from keras_transformer.runtime.dispatch import DirectCall
+from keras_transformer.runtime.direct_layers import Dropout
+from keras_transformer.runtime.direct_layers import LayerNormalization
 from keras_transformer.layers.dropout import apply_dropout
 from keras_transformer.layers.feed_forward import PositionwiseFeedForward
 

@@ -9,13 +9,16 @@ import importlib
 
 import keras
 
-# By backend: the module that holds its own versions, by function name.
-_KERNEL_MODULES = {"torch": "keras_transformer.runtime.torch_ranking"}
+# By backend: the modules that hold its own versions, by function name.
+_KERNEL_MODULES = {
+    "torch": ("keras_transformer.runtime.torch_ranking", "keras_transformer.runtime.torch_ensemble_step"),
+}
 
 
 def backend_kernel(name):
     """The current backend's own version of the function `name`, or None."""
-    module = _KERNEL_MODULES.get(keras.config.backend())
-    if module is None:
-        return None
-    return getattr(importlib.import_module(module), name, None)
+    for module in _KERNEL_MODULES.get(keras.config.backend(), ()):
+        kernel = getattr(importlib.import_module(module), name, None)
+        if kernel is not None:
+            return kernel
+    return None

@@ -7,8 +7,8 @@ dot-product instructions and 30x slower than float32 where it has not
 (PyTorch's `torch._int_mm`, AVX2 alone); a bfloat16 product into float32
 twice float32's rate with bfloat16 instructions and half of it without
 (XLA's CPU code). The layers choose by these answers
-(`keras_transformer.layers.direct_calls`,
-`keras_transformer.layers.bfloat16_products`).
+(`keras_transformer.runtime.direct_calls`,
+`keras_transformer.runtime.bfloat16_products`).
 
 Example:
 

@@ -7,14 +7,14 @@ import keras
 import keras_hub
 
 from keras_transformer.layers.decoder import TransformerDecoderLayer
-from keras_transformer.layers.direct_calls import Dropout
-from keras_transformer.layers.direct_calls import LayerNormalization
+from keras_transformer.runtime.direct_layers import Dropout
+from keras_transformer.runtime.direct_layers import LayerNormalization
 from keras_transformer.layers.embedding import SharedTokenEmbedding
 from keras_transformer.layers.encoder import TransformerEncoderLayer
 from keras_transformer.layers.position import LearnedPositionEmbedding
 from keras_transformer.layers.position import SinusoidalPositionEncoding
-from keras_transformer.layers.torch_decoding_step import cross_attention_cache
-from keras_transformer.layers.torch_decoding_step import decoder_step
+from keras_transformer.runtime.torch_decoding_step import cross_attention_cache
+from keras_transformer.runtime.torch_decoding_step import decoder_step
 from keras_transformer.models.preset_io import PresetIO
 from keras_transformer.presets import int8
 from keras_transformer.presets.layout import INT8_WEIGHTS_FILE
@@ -359,7 +359,7 @@ class TransformerBackbone(PresetIO, keras_hub.models.Backbone):
         one `(keys, values)` per decoder layer, each `(batch_size, heads,
         max_length, d_k | d_v)`; with `beams`, one cache a layer that beam
         search never reorders, for `batch_size` sources of `beams` beams
-        (`layers.beam_cache`)."""
+        (`runtime.beam_cache`)."""
         return [
             layer.self_attention.empty_cache(batch_size, max_length, self.compute_dtype, beams=beams)
             for layer in self.decoder_layers

@@ -40,15 +40,16 @@ import math
 
 import numpy as np
 
-from keras_transformer.layers.direct_calls import activated
-from keras_transformer.layers.direct_calls import torch_direct
-from keras_transformer.layers.direct_calls import prepacked_product
-from keras_transformer.layers.direct_calls import unchanged_scope
-from keras_transformer.layers.position import SinusoidalPositionEncoding
-from keras_transformer.layers.torch_decoding_step import additive_padding_mask
-from keras_transformer.layers.torch_decoding_step import decoder_plan
-from keras_transformer.layers.torch_decoding_step import norms_of
-from keras_transformer.layers.torch_decoding_step import sinusoid_table
+from keras_transformer.runtime.compiled import structure_key
+from keras_transformer.runtime.direct_calls import activated
+from keras_transformer.runtime.direct_calls import torch_direct
+from keras_transformer.runtime.direct_calls import unchanged_scope
+from keras_transformer.runtime.int8_products import prepacked_product
+from keras_transformer.runtime.layer_calls import registered_as
+from keras_transformer.runtime.torch_decoding_step import additive_padding_mask
+from keras_transformer.runtime.torch_decoding_step import decoder_plan
+from keras_transformer.runtime.torch_decoding_step import sinusoid_table
+from keras_transformer.runtime.torch_step_weights import norms_of
 
 # Rows below which alike models step as one (16 sentences' beams): the
 # batched products pay off where a step's calls, not its arithmetic, cost.
@@ -126,7 +127,7 @@ class _GroupWeights:
                 [model.backbone.token_embedding.embeddings.value.detach().t() for model in models]
             ).contiguous()
             # Where float32 products are prepacked for oneDNN (AMD
-            # processors: `direct_calls.prepacked_product`), each model's
+            # processors: `int8_products.prepacked_product`), each model's
             # output projection is its own prepacked product instead of one
             # batched product: on a 2-core AMD EPYC, 4 rows of 3 d_model-128
             # models by 8,000 tokens took 317 us against 567 (16 rows: 682
@@ -187,8 +188,6 @@ def _stacked_norm(norms):
 def _groups(ensemble, plans):
     """`[(member indices, _GroupWeights or None)]`, alike models grouped in
     the order of their first member; None where no two models group."""
-    from keras_transformer.decoding.compiled import structure_key
-
     groups = {}
     for i, (model, plan) in enumerate(zip(ensemble.models, plans)):
         key = structure_key(model) if plan is not None else None
@@ -235,7 +234,7 @@ def _model_plan(model):
         return None
     embedding = backbone.token_embedding
     if (
-        not isinstance(backbone.decoder_position, SinusoidalPositionEncoding)
+        not registered_as(backbone.decoder_position, "keras_transformer>SinusoidalPositionEncoding")
         or not embedding.tie_weights or embedding.logits_bias is not None
         or getattr(embedding, "reverse_dtype", None) is not None
         or any(layer.quantization_mode is not None for layer in backbone._flatten_layers())

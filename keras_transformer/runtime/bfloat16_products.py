@@ -41,7 +41,7 @@ def bound_output_columns(columns):
     (by `id`) read their output projection's matrix from it: for a
     decoding function traced for XLA, the tensor it takes in place of the
     copy `SharedTokenEmbedding.output_columns` made
-    (`keras_transformer.decoding.compiled.compile_for_models`)."""
+    (`keras_transformer.runtime.compiled.compile_for_models`)."""
     previous = getattr(_state, "output_columns", {})
     _state.output_columns = {**previous, **columns}
     try:
@@ -58,7 +58,7 @@ def output_columns_of(layer):
 @contextlib.contextmanager
 def xla_decoding():
     """Within this context (in this thread), decoding functions are traced
-    for XLA on a CPU (`keras_transformer.decoding.compiled`): this
+    for XLA on a CPU (`keras_transformer.runtime.compiled`): this
     package's `Dense` and `EinsumDense` layers multiply bfloat16 inputs by
     bfloat16 kernels into float32 (`bfloat16_product`), rounded to
     bfloat16 after the bias, and `SharedTokenEmbedding` projects bfloat16

@@ -8,7 +8,7 @@ holds stale weights, and on a CPU a transposed copy of its output
 embeddings, `SharedTokenEmbedding.output_columns`, made again when they
 change), `tf.function(jit_compile=True)`, and for PyTorch the
 eager function without autograd, its layers called directly
-(`keras_transformer.layers.direct_calls`: Keras' work on each layer call
+(`keras_transformer.runtime.direct_calls`: Keras' work on each layer call
 cost more than the arithmetic of a step).
 
 This is the one place where decoding looks at the backend.
@@ -26,11 +26,11 @@ import numpy as np
 from keras.src.backend import get_autocast_scope
 from keras.src.backend import in_stateless_scope
 
-from keras_transformer.layers.bfloat16_products import bound_output_columns
-from keras_transformer.layers.bfloat16_products import output_columns_of
-from keras_transformer.layers.bfloat16_products import xla_decoding
-from keras_transformer.layers.bfloat16_products import xla_on_cpu
-from keras_transformer.layers.direct_calls import direct_calls
+from keras_transformer.runtime.bfloat16_products import bound_output_columns
+from keras_transformer.runtime.bfloat16_products import output_columns_of
+from keras_transformer.runtime.bfloat16_products import xla_decoding
+from keras_transformer.runtime.bfloat16_products import xla_on_cpu
+from keras_transformer.runtime.direct_calls import direct_calls
 
 
 def compile_for_inference(model, function):

@@ -20,7 +20,7 @@ attends over the positions of all its source's beams, masked to its own
 history: the softmax over those masked positions is the softmax over its
 history, and so the attention is that of a reordered cache (with beam 4,
 four times the scores, a small part of a step's products). TensorFlow's
-search in segments holds such caches (`decoding.loop.SEGMENT_BEAM_CACHES`,
+search in segments holds such caches (`runtime.backend_choices.SEGMENT_BEAM_CACHES`,
 where the measurements are).
 
 The cache of a layer is `(keys, values, origins)`: keys `(sources,

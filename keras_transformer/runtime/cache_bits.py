@@ -32,7 +32,7 @@ False
 
 import keras
 
-from keras_transformer.layers.bfloat16_products import xla_on_cpu
+from keras_transformer.runtime.bfloat16_products import xla_on_cpu
 
 # The backends whose bfloat16 caches are held as bits on a CPU (measured
 # above).
