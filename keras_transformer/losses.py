@@ -3,10 +3,9 @@
 import keras
 from keras import ops
 
-# Keras' own losses mark ignored positions by attaching a mask to the
-# per-token losses, which `Loss.__call__` then averages over; the helper is
-# not public API, so it is imported from where Keras' losses take it.
-from keras.src.backend import set_keras_mask
+from keras_transformer.runtime.backend_choices import gathers_label_log_probs
+from keras_transformer.runtime.backend_choices import writes_loss_gradient
+from keras_transformer.runtime.keras_internals import set_keras_mask
 
 
 @keras.saving.register_keras_serializable(package="keras_transformer")
@@ -73,7 +72,7 @@ class LabelSmoothedCrossEntropy(keras.losses.Loss):
             valid = ops.not_equal(labels, self.ignore_class)
             labels = ops.where(valid, labels, 0)
         eps = self.label_smoothing
-        if self.from_logits and keras.config.backend() != "torch" and y_pred.shape[-1] is not None:
+        if self.from_logits and writes_loss_gradient() and y_pred.shape[-1] is not None:
             loss = _smoothed_cross_entropy_from_logits(y_pred, labels, eps)
         else:
             if self.from_logits:
@@ -117,7 +116,7 @@ def _label_log_prob(log_probs, labels, vocabulary_size):
     with the gather; JAX 87 against 90; PyTorch 97 against 65, so PyTorch
     keeps the gather.
     """
-    if keras.config.backend() == "torch":
+    if gathers_label_log_probs():
         return ops.squeeze(ops.take_along_axis(log_probs, ops.expand_dims(labels, -1), axis=-1), -1)
     is_label = ops.equal(ops.expand_dims(labels, -1), ops.arange(vocabulary_size, dtype=labels.dtype))
     return ops.sum(ops.where(is_label, log_probs, ops.zeros((), log_probs.dtype)), axis=-1)

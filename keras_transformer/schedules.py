@@ -8,6 +8,8 @@ with Adam(beta_1=0.9, beta_2=0.98, epsilon=1e-9).
 import keras
 from keras import ops
 
+from keras_transformer.runtime.kernels import backend_kernel
+
 
 @keras.saving.register_keras_serializable(package="keras_transformer")
 class TransformerSchedule(keras.optimizers.schedules.LearningRateSchedule):
@@ -111,53 +113,9 @@ class Adam(keras.optimizers.Adam):
     """
 
     def _backend_update_step(self, grads, trainable_variables, learning_rate):
-        if keras.config.backend() != "torch":
+        # The backend's own update where it has one (PyTorch's fused
+        # kernel: `runtime.torch_adam`), else Keras'.
+        update = backend_kernel("adam_update")
+        if update is None:
             return super()._backend_update_step(grads, trainable_variables, learning_rate)
-        import torch
-
-        with torch.no_grad():
-            if not self._torch_fused_update(grads, trainable_variables, learning_rate):
-                # Keras gives `keras.optimizers.Adam` itself, not a subclass,
-                # its PyTorch version (`torch._foreach_*` over all weights).
-                from keras.src.backend.torch.optimizers.torch_adam import Adam as TorchAdam
-
-                TorchAdam._parallel_update_step(self, grads, trainable_variables, learning_rate)
-
-    def _torch_fused_update(self, grads, variables, learning_rate):
-        """The update as `torch._fused_adam_`, where it applies: whether it
-        did."""
-        import torch
-
-        weights = [variable.value for variable in variables]
-        if self.amsgrad or not all(
-            weight.device.type == "cpu" and grad.dtype == weight.dtype and grad.device == weight.device
-            for weight, grad in zip(weights, grads)
-        ):
-            return False
-        step = float(self.iterations.value.item()) + 1.0
-        # PyTorch's kernel adds epsilon to sqrt(v) / sqrt(1 - beta_2^t),
-        # Keras to sqrt(v): epsilon / sqrt(1 - beta_2^t) here gives Keras'.
-        epsilon = self.epsilon / (1.0 - self.beta_2**step) ** 0.5
-        indices = [self._get_variable_index(variable) for variable in variables]
-        torch._fused_adam_(
-            weights,
-            list(grads),
-            [self._momentums[i].value for i in indices],
-            [self._velocities[i].value for i in indices],
-            [],
-            [torch.tensor(step)] * len(weights),
-            lr=float(learning_rate),
-            beta1=float(self.beta_1),
-            beta2=float(self.beta_2),
-            weight_decay=0.0,
-            eps=epsilon,
-            amsgrad=False,
-            maximize=False,
-        )
-        # The kernel writes the weights in place without counting the
-        # writes (`Tensor._version`), which PyTorch's own in-place calls
-        # count: decoding's copies of weights (`direct_calls`) are made
-        # again when a weight's count changes, and after training they
-        # would otherwise go on reading the weights as they were.
-        torch.autograd.graph.increment_version(weights)
-        return True
+        update(self, grads, trainable_variables, learning_rate)

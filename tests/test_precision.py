@@ -204,7 +204,7 @@ def test_compiled_int8_projections_are_keras_int8_products(dtype, bfloat16_instr
     the layers, one of the most inputs the float32 sums hold exactly
     (1,040), at its worst case: every product +127 x +127."""
     from keras_transformer.runtime.compiled import compile_for_inference
-    from keras_transformer.runtime import direct_calls
+    from keras_transformer.runtime import direct_layers
     from keras_transformer.layers import embedding as embedding_module
     from keras_transformer.runtime.bfloat16_products import EXACT_INT8_INPUTS
     from keras_transformer.runtime.bfloat16_products import int8_product_in_float32
@@ -253,13 +253,13 @@ def test_compiled_int8_projections_are_keras_int8_products(dtype, bfloat16_instr
 
     model = types.SimpleNamespace(variables=[v for layer in layers for v in layer.variables])
     monkeypatch.setattr(processor, "has_bfloat16_products", lambda: bfloat16_instructions)
-    monkeypatch.setattr(direct_calls, "int8_product_in_float32", counted)
+    monkeypatch.setattr(direct_layers, "int8_product_in_float32", counted)
     monkeypatch.setattr(embedding_module, "int8_product_in_float32", counted)
     outputs = [to_numpy(keras.ops.cast(y, "float32")) for y in compile_for_inference(model, function)(x, extreme)]
     # Every layer's product took it (the output projection's kernel is the embeddings' transpose).
     assert kernels == {(8, 24), (8, 3, 4), (3, 4, 8), (8, 40), (EXACT_INT8_INPUTS, 6)}, kernels
     # Keras' own int8 calls, compiled alike.
-    monkeypatch.setattr(direct_calls, "int8_products_in_float32", lambda *args: False)
+    monkeypatch.setattr(direct_layers, "int8_products_in_float32", lambda *args: False)
     monkeypatch.setattr(embedding_module, "int8_products_in_float32", lambda *args: False)
     expected = [to_numpy(keras.ops.cast(y, "float32")) for y in compile_for_inference(model, function)(x, extreme)]
     for got, want in zip(outputs, expected):

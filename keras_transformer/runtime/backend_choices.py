@@ -71,3 +71,18 @@ def reads_output_columns():
     copy of the embeddings (`SharedTokenEmbedding.output_columns`): in
     decoding compiled by JAX on a CPU."""
     return keras.config.backend() == "jax" and xla_on_cpu()
+
+
+def writes_loss_gradient():
+    """Whether the label-smoothed loss from logits runs with its gradient
+    written out (`losses._smoothed_cross_entropy_from_logits`): on JAX and
+    TensorFlow; PyTorch's fused log-softmax kernels were faster (see
+    there)."""
+    return keras.config.backend() != "torch"
+
+
+def gathers_label_log_probs():
+    """Whether the loss reads each label's log-probability by a gather
+    (PyTorch), not by comparing the vocabulary's ids with the label (see
+    `losses._label_log_prob`)."""
+    return keras.config.backend() == "torch"

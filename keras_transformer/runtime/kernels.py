@@ -11,7 +11,11 @@ import keras
 
 # By backend: the modules that hold its own versions, by function name.
 _KERNEL_MODULES = {
-    "torch": ("keras_transformer.runtime.torch_ranking", "keras_transformer.runtime.torch_ensemble_step"),
+    "torch": (
+        "keras_transformer.runtime.torch_ranking",
+        "keras_transformer.runtime.torch_ensemble_step",
+        "keras_transformer.runtime.torch_adam",
+    ),
 }
 
 
