@@ -16,6 +16,7 @@ from keras_transformer.datasets import multi30k
 from keras_transformer.decoding import beam_search
 from keras_transformer.export import export_saved_model
 from keras_transformer.models import TransformerSeq2SeqLM
+from keras_transformer.models.transformer.generation import tokenize_sources
 from keras_transformer.presets.ensembles import member_paths
 
 PRESET = "transformer_multi30k_en_de"
@@ -108,7 +109,7 @@ def test_saved_model_translates_like_the_package(served, texts):
     assert served["one"] == served["translations"][:1]
     np.testing.assert_allclose(served["scores"], [score for _, score in expected], atol=1e-4)
     # The token ids are those the package's beam search chose.
-    found = beam_search(model, model._tokenize_sources(texts), beam_size=4, alpha=0.6)
+    found = beam_search(model, tokenize_sources(model, texts), beam_size=4, alpha=0.6)
     pad_id = model.preprocessor.tokenizer.pad_token_id
     for ids, length, result in zip(served["token_ids"], served["lengths"], found):
         assert ids[:length] == (result[0][0] if result else [])

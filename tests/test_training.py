@@ -352,7 +352,7 @@ def test_mixed_bfloat16_training_computes_in_bfloat16_and_saves_float32(tmp_path
 
 
 def test_a_run_from_a_preset_refuses_what_it_cannot_do(tmp_path, multi30k_dir):
-    from keras_transformer.training import _preset_steps
+    from keras_transformer.train_run import preset_steps
 
     preset = "transformer_multi30k_de_en"
     with pytest.raises(ValueError, match="initial_step must be 0 or more"):
@@ -369,37 +369,37 @@ def test_a_run_from_a_preset_refuses_what_it_cannot_do(tmp_path, multi30k_dir):
 
     # The steps a preset was trained for: recorded, or worked out from the
     # epochs of a run's own model (flat) or of a packaged preset (settings).
-    assert _preset_steps(preset, {"steps": 7, "epochs": 2, "steps_per_epoch": 3}) == 7
-    assert _preset_steps(preset, {"epochs": 2, "steps_per_epoch": 3, "initial_step": 10}) == 16
-    assert _preset_steps(preset, {"settings": {"epochs": 4, "steps_per_epoch": 5}}) == 20
-    assert _preset_steps(preset, {}) is None
+    assert preset_steps(preset, {"steps": 7, "epochs": 2, "steps_per_epoch": 3}) == 7
+    assert preset_steps(preset, {"epochs": 2, "steps_per_epoch": 3, "initial_step": 10}) == 16
+    assert preset_steps(preset, {"settings": {"epochs": 4, "steps_per_epoch": 5}}) == 20
+    assert preset_steps(preset, {}) is None
     # An ensemble preset lists each model's steps; a run starts from its
     # first model, whose last training stage ended at that step.
     from keras_transformer.presets import preset_metadata
 
     training = preset_metadata(preset)["training"]
     assert isinstance(training["steps"], list)
-    assert _preset_steps(preset, training) == training["members"][0]["stages"][-1]["steps"]
+    assert preset_steps(preset, training) == training["members"][0]["stages"][-1]["steps"]
 
 
 def test_a_tokenizer_left_by_a_failed_start_is_not_the_runs(tmp_path, multi30k_dir):
     from keras_transformer.datasets import multi30k
-    from keras_transformer.training import _check_same_settings
-    from keras_transformer.training import _tokenizer
+    from keras_transformer.train_run import check_same_settings
+    from keras_transformer.train_run import load_or_train_tokenizer
 
     sources, targets = multi30k.load("train", "en", "de", multi30k_dir)
     texts = sources[:300] + targets[:300]
     # A start that failed after writing its tokenizer (no run.json): the
     # next start trains its own, with its own settings.
-    left = _tokenizer(str(tmp_path), {}, texts, 400, "bpe")
+    left = load_or_train_tokenizer(str(tmp_path), {}, texts, 400, "bpe")
     assert (tmp_path / "tokenizer.spm").exists()
-    fresh = _tokenizer(str(tmp_path), {}, texts, 450, "unigram")
+    fresh = load_or_train_tokenizer(str(tmp_path), {}, texts, 450, "unigram")
     assert fresh.vocabulary_size() == 450 and fresh.proto != left.proto
     # A run that started (run.json) keeps its tokenizer...
-    assert _tokenizer(str(tmp_path), {"vocabulary_size": 450}, texts, 450, "unigram").proto == fresh.proto
+    assert load_or_train_tokenizer(str(tmp_path), {"vocabulary_size": 450}, texts, 450, "unigram").proto == fresh.proto
     # ...and refuses another vocabulary size.
     with pytest.raises(ValueError, match="changed: vocabulary_size; the run has vocabulary_size=450"):
-        _check_same_settings(str(tmp_path), {"vocabulary_size": 450}, {"vocabulary_size": 800}, None)
+        check_same_settings(str(tmp_path), {"vocabulary_size": 450}, {"vocabulary_size": 800}, None)
 
 
 @once
@@ -454,15 +454,15 @@ def test_table_3_label_smoothing_rows_train_with_their_eps_ls(tmp_path, multi30k
 
 
 def test_steps_make_epochs_of_at_most_one_pass_and_reruns_train_on_to_the_total():
-    from keras_transformer.training import _epoch_plan
+    from keras_transformer.train_run import epoch_plan
 
-    assert _epoch_plan(132, 30, None, {}) == (30, 132)
-    assert _epoch_plan(132, 30, 50, {}) == (1, 50)
-    assert _epoch_plan(132, 30, 300, {}) == (3, 132)
+    assert epoch_plan(132, 30, None, {}) == (30, 132)
+    assert epoch_plan(132, 30, 50, {}) == (1, 50)
+    assert epoch_plan(132, 30, 300, {}) == (3, 132)
     # A run of 50 steps rerun with 100: epochs of 50 still, so one more
     # epoch, 100 steps in all (not one epoch of 100 after the first 50).
-    assert _epoch_plan(132, 30, 100, {"steps_per_epoch": 50}) == (2, 50)
-    assert _epoch_plan(132, 30, 400, {"steps_per_epoch": 132}) == (4, 132)
+    assert epoch_plan(132, 30, 100, {"steps_per_epoch": 50}) == (2, 50)
+    assert epoch_plan(132, 30, 400, {"steps_per_epoch": 132}) == (4, 132)
 
 
 def test_cli_rejects_unknown_config(tmp_path, multi30k_dir, capsys):

@@ -1,0 +1,225 @@
+"""Translation with the task (section 6.1): `generate`'s arguments checked,
+its sources framed as token ids, batched by length and searched by
+`keras_transformer.decoding` (beam search, greedy decoding, sampling, or
+keras-hub's samplers), and the outputs turned back into text."""
+
+import keras
+import keras_hub
+import numpy as np
+from keras import ops
+
+from keras_transformer.decoding.beam import beam_search
+from keras_transformer.decoding.ensemble import Ensemble
+from keras_transformer.decoding.samplers import sample
+from keras_transformer.decoding.settings import SAMPLINGS
+from keras_transformer.decoding.settings import DecodingSettings
+from keras_transformer.models.transformer.seq2seq_lm_preprocessor import source_texts
+
+
+def generate(
+    model,
+    inputs,
+    *,
+    task_class,
+    sampler,
+    beam_size,
+    alpha,
+    max_length_offset,
+    num_results,
+    return_scores,
+    batch_size,
+    verbose,
+    length_penalty,
+    ensemble,
+    target_prefix,
+    top_k,
+    top_p,
+    temperature,
+    seed,
+):
+    """`model.generate(inputs, ...)`: its arguments and their meaning are
+    those of `TransformerSeq2SeqLM.generate`; `task_class` is the class
+    whose instances may be members of the `ensemble`."""
+    keras_hub_sampler = isinstance(sampler, keras_hub.samplers.Sampler)
+    if not keras_hub_sampler and sampler not in ("beam", "greedy", *SAMPLINGS):
+        raise ValueError(
+            f"Unknown sampler {sampler!r}; available: 'beam', 'greedy', 'top_k', 'top_p', or a "
+            "keras_hub.samplers.Sampler instance."
+        )
+    if ensemble is None:
+        # keras-hub's samplers decode one model: an ensemble preset's first.
+        ensemble = [] if keras_hub_sampler else model.ensemble_members
+    ensemble = _check_ensemble(ensemble, task_class)
+    if keras_hub_sampler and (num_results > 1 or return_scores or ensemble or target_prefix is not None):
+        raise ValueError(
+            "keras-hub samplers give no scores, n-best lists or ensembles, and take no target prefix; "
+            "use sampler='beam'."
+        )
+    _check_counts(batch_size=batch_size)
+    if sampler in ("greedy", *SAMPLINGS) and num_results > 1:
+        what = "Greedy decoding" if sampler == "greedy" else "Sampling"
+        raise ValueError(f"{what} gives one result; num_results={num_results} needs sampler='beam'.")
+    settings = DecodingSettings(
+        beam_size=beam_size, alpha=alpha, length_penalty=length_penalty, max_length_offset=max_length_offset,
+        num_results=num_results, target_prefix=model.target_prefix_ids(target_prefix),
+    )
+    if sampler in ("greedy", *SAMPLINGS):
+        settings = settings.replace(beam_size=1, alpha=0.0)
+    if sampler in SAMPLINGS:
+        settings = settings.replace(sampling=sampler, top_k=top_k, top_p=top_p, temperature=temperature, seed=seed)
+    sources, decode, single = _generate_sources(model, inputs)
+    if keras_hub_sampler:
+        outputs = decode(list(sample(model, sources, sampler, max_length_offset, batch_size)))
+        return outputs[0] if single else outputs
+    decoder = _ensemble_with(model, ensemble) if ensemble else model
+    results = _search_in_batches(decoder, sources, settings, batch_size, verbose)
+    if num_results > 1 or return_scores:
+        # An empty source gives one empty result of score 0.
+        results = [result or [([], 0.0, None)] for result in results]
+        texts = iter(decode([ids for result in results for ids, _, _ in result]))
+        outputs = [[(next(texts), score) for _, score, _ in result] for result in results]
+    else:
+        outputs = decode([result[0][0] if result else [] for result in results])
+    return outputs[0] if single else outputs
+
+
+def target_prefix_ids(preprocessor, target_prefix):
+    """`generate`'s `target_prefix` as token ids: ids as they are, text
+    through the `preprocessor`'s tokenizer (its pieces, no start or end
+    token), None as no prefix."""
+    if target_prefix is None:
+        return ()
+    if isinstance(target_prefix, bytes):
+        target_prefix = target_prefix.decode("utf-8")
+    if not isinstance(target_prefix, str):
+        return target_prefix
+    if preprocessor is None:
+        raise ValueError("target_prefix as text needs the model's preprocessor (its tokenizer); give token ids.")
+    if not target_prefix.strip():
+        raise ValueError("target_prefix is blank text; give the text (or token ids) the outputs start with.")
+    return [int(token) for token in ops.convert_to_numpy(preprocessor.tokenizer(target_prefix))]
+
+
+def tokenize_sources(model, texts):
+    """Framed token ids of each source (see the preprocessor's
+    `generate_preprocess`); [] for an empty text."""
+    _require_tokenizer(model)
+    return model.preprocessor.generate_preprocess(texts, model.backbone.max_sequence_length)
+
+
+def _detokenize(model, id_lists):
+    _require_tokenizer(model)
+    return model.preprocessor.generate_postprocess(id_lists)
+
+
+def _require_tokenizer(model):
+    if model.preprocessor is None:
+        raise ValueError(
+            "This model has no preprocessor, so it cannot read text: pass "
+            "token ids, or build it with a TransformerSeq2SeqLMPreprocessor."
+        )
+    return model.preprocessor.tokenizer
+
+
+def _generate_sources(model, inputs):
+    """`generate`'s inputs as `(sources, decode, single)`: token id
+    lists, the function that turns outputs back (detokenizes, or keeps
+    ids for ids), and whether one string was given."""
+    if isinstance(inputs, dict) and set(inputs) == {"encoder_text"}:  # as `fit` takes them
+        inputs = inputs["encoder_text"]
+    if not isinstance(inputs, dict):
+        texts, single = source_texts(inputs)
+        return tokenize_sources(model, texts), (lambda id_lists: _detokenize(model, id_lists)), single
+    if not {"encoder_token_ids", "encoder_padding_mask"} <= set(inputs):
+        raise ValueError(
+            f"generate() got a dict with keys {sorted(inputs)}; it takes `encoder_text` (sources "
+            "as strings) or `encoder_token_ids` with `encoder_padding_mask`. Decoder prompts "
+            "(`decoder_text`, `decoder_token_ids`) are not supported: translations start from "
+            "the start token; give target_prefix to force the first tokens."
+        )
+    return _source_ids(inputs, model.backbone.vocabulary_size), (lambda id_lists: id_lists), False
+
+
+def _ensemble_with(model, others):
+    """The `Ensemble` of `model` and `others`, made again only when the
+    models or their variables (quantization) change, so that its compiled
+    decoding functions are reused from call to call."""
+    models = [model, *others]
+    key = tuple(id(variable) for member in models for variable in member.variables)
+    made_for, ensemble = getattr(model, "_ensemble", (None, None))
+    if made_for != key:
+        ensemble = Ensemble(models)
+        model._ensemble = (key, ensemble)
+    return ensemble
+
+
+def _search_in_batches(decoder, sources, settings, batch_size, verbose):
+    """`beam_search` of `sources` (token id lists) `batch_size` at a time,
+    sources of similar length together (less padding); the results in the
+    order of the sources."""
+    order = sorted(range(len(sources)), key=lambda i: len(sources[i]))
+    results = [None] * len(sources)
+    progress = keras.utils.Progbar(len(sources), verbose=verbose, unit_name="sentence") if verbose else None
+    for start in range(0, len(sources), batch_size):
+        batch = order[start : start + batch_size]
+        for i, result in zip(batch, beam_search(decoder, [sources[i] for i in batch], settings)):
+            results[i] = result
+        if progress is not None:
+            progress.add(len(batch))
+    return results
+
+
+def _check_count(name, value, minimum=1):
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
+        raise TypeError(f"{name} must be an integer, got {value!r} ({type(value).__name__}).")
+    if minimum is not None and value < minimum:
+        raise ValueError(f"{name} must be at least {minimum}, got {value}.")
+
+
+def _check_counts(**counts):
+    for name, value in counts.items():
+        _check_count(name, value)
+
+
+def _check_ensemble(models, task_class):
+    """`generate`'s `ensemble`: a list of translation models (`task_class`)."""
+    if isinstance(models, (str, bytes)) or not isinstance(models, (list, tuple)):
+        raise TypeError(
+            f"ensemble must be a list of TransformerSeq2SeqLM models, got {type(models).__name__}; "
+            "load a preset with TransformerSeq2SeqLM.from_preset(...) and pass [model]."
+        )
+    for i, model in enumerate(models):
+        if not isinstance(model, task_class):
+            raise TypeError(
+                f"ensemble[{i}] is a {type(model).__name__}, not a TransformerSeq2SeqLM; "
+                "load it with TransformerSeq2SeqLM.from_preset(...)."
+            )
+    return list(models)
+
+
+def _source_ids(inputs, vocabulary_size):
+    """The unpadded token ids of each source of `generate`'s dict input,
+    checked: integer ids of a (batch, length) array, inside the vocabulary,
+    with a mask of the same shape."""
+    ids = np.asarray(keras.ops.convert_to_numpy(inputs["encoder_token_ids"]))
+    mask = np.asarray(keras.ops.convert_to_numpy(inputs["encoder_padding_mask"]))
+    if ids.ndim != 2:
+        raise ValueError(
+            f"encoder_token_ids must have the shape (batch, length), got {ids.shape}"
+            + ("; for one source, add a batch axis (ids[None])." if ids.ndim == 1 else ".")
+        )
+    if not np.issubdtype(ids.dtype, np.integer):
+        raise TypeError(f"encoder_token_ids must hold integers, got {ids.dtype}.")
+    if mask.shape != ids.shape:
+        raise ValueError(
+            f"encoder_padding_mask has the shape {mask.shape}, encoder_token_ids {ids.shape}: "
+            "they must have the same shape (a mask value for each id)."
+        )
+    mask = mask.astype(bool)
+    outside = ids[mask & ((ids < 0) | (ids >= vocabulary_size))]
+    if outside.size:
+        raise ValueError(
+            f"encoder_token_ids holds {outside[0]}, outside the vocabulary [0, {vocabulary_size}): "
+            "ids must come from this model's tokenizer."
+        )
+    return [row[m].tolist() for row, m in zip(ids, mask)]

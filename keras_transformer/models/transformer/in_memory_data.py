@@ -1,0 +1,77 @@
+"""Sentence pairs held in memory (not a dataset) that the task's `fit`,
+`evaluate` and `predict` take: checked by the preprocessor first, and for
+`fit` shuffled anew each epoch, with a validation split."""
+
+import keras
+import numpy as np
+
+# Data that `fit`, `evaluate` and `predict` take as it is in memory (not a
+# dataset): checked by the preprocessor first, and shuffled by `fit`.
+IN_MEMORY = (dict, list, tuple, np.ndarray)
+
+
+def check_in_memory(preprocessor, x, y, method, what=None):
+    """The `preprocessor`'s checks of sentence pairs held in memory, run
+    before `method` (`"fit"`, `"evaluate"`, `"predict"`) rather than inside
+    `tf.data` (whose traceback buries them); `what` names the argument
+    checked, if not the data itself."""
+    check_inputs = getattr(preprocessor, "check_inputs", None)
+    if check_inputs is None or not isinstance(x, (*IN_MEMORY, str)):
+        return
+    try:
+        check_inputs(x, y)
+    except ValueError as error:
+        # Sources alone, not sentence pairs: perhaps meant for translation.
+        to_translate = method != "fit" and not isinstance(x, dict) and y is None
+        hint = " To translate sources, call generate(sources)." if to_translate else ""
+        raise ValueError(f"{method}: {what + ': ' if what else ''}{error}{hint}") from None
+
+
+def check_validation_data(preprocessor, validation_data):
+    """`fit`'s `validation_data` held in memory: a dict of sentence
+    pairs, or Keras' `(x, y)` / `(x, y, sample_weight)` tuple."""
+    if isinstance(validation_data, bool):  # `shuffle` given fifth, where keras-hub has validation_data
+        raise ValueError(
+            f"fit: validation_data={validation_data}: fit takes keras-hub's order (x, y, batch_size, "
+            "sample_weight, validation_data); give shuffle by name: fit(..., shuffle=False)."
+        )
+    if isinstance(validation_data, (list, tuple)) and 1 <= len(validation_data) <= 3:  # as Keras unpacks
+        x, y, _ = keras.utils.unpack_x_y_sample_weight(validation_data)
+    else:
+        x, y = validation_data, None
+    check_in_memory(preprocessor, x, y, "fit", what="validation_data")
+
+
+def shuffled_batches(x, y, sample_weight, batch_size, validation_split, validation_data, shuffle):
+    """`fit`'s data held in memory as a dataset of batches (of `batch_size`,
+    32 if None), shuffled anew each epoch if `shuffle`, and the validation
+    data: `validation_data`, or else the last `validation_split` of the
+    pairs, before shuffling (Keras's `validation_split`).
+
+    Returns:
+        `(batches, validation_data)`.
+    """
+    import tensorflow as tf
+
+    samples = tf.data.Dataset.from_tensor_slices(keras.utils.pack_x_y_sample_weight(x, y, sample_weight))
+    batch_size = batch_size or 32
+    if validation_split and validation_data is None:
+        samples, validation_data = _split_off_validation(samples, validation_split, batch_size)
+    if shuffle:
+        samples = samples.shuffle(int(samples.cardinality()), reshuffle_each_iteration=True)
+    return samples.batch(batch_size), validation_data
+
+
+def _split_off_validation(samples, validation_split, batch_size):
+    """The first pairs for training and the last `validation_split` of
+    them, batched, for validation (Keras's `validation_split`)."""
+    if not 0 < validation_split < 1:
+        raise ValueError(f"validation_split must be between 0 and 1, got {validation_split}.")
+    count = int(samples.cardinality())
+    split_at = int(np.floor(count * (1 - validation_split)))
+    if split_at in (0, count):
+        raise ValueError(
+            f"{count} training pairs are too few to split off validation_split={validation_split} of "
+            "them for validation and keep some for training. Give more pairs or another validation_split."
+        )
+    return samples.take(split_at), samples.skip(split_at).batch(batch_size)
