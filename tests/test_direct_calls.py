@@ -201,7 +201,7 @@ def test_training_steps_on_pytorch_call_layers_directly(dtype, layer_calls, monk
     keras.utils.set_random_seed(4)
     layer_calls.clear()
     with monkeypatch.context() as keras_calls:
-        keras_calls.setattr(seq2seq_lm, "direct_calls", contextlib.nullcontext)
+        keras_calls.setattr(seq2seq_lm, "direct_calls_where_eager", contextlib.nullcontext)
         expected_losses, expected_weights = train(model)
     assert len(layer_calls) > 3 * 50
 

@@ -5,9 +5,12 @@ the measurements behind them, are kept here by backend, so that no module
 of `layers/`, `decoding/` or `models/` reads the backend's name.
 """
 
+import contextlib
+
 import keras
 
 from keras_transformer.runtime.bfloat16_products import xla_on_cpu
+from keras_transformer.runtime.direct_calls import direct_calls
 
 
 # Batches of at most this many sources run in one compiled loop where the
@@ -86,3 +89,22 @@ def gathers_label_log_probs():
     (PyTorch), not by comparing the vocabulary's ids with the label (see
     `losses._label_log_prob`)."""
     return keras.config.backend() == "torch"
+
+
+def direct_calls_where_eager():
+    """`direct_calls()` on PyTorch, which runs every layer call of every
+    step eagerly: the step's layers skip Keras's per-call work. Where that
+    work dominates, a float32 step took 2.55-2.61x as long as
+    `torch.nn.Transformer`'s with it and 1.70-1.71x without
+    (`benchmarks/step_overhead.py`). JAX and TensorFlow trace the step once
+    per shape, so it changes nothing there.
+    """
+    return direct_calls() if keras.config.backend() == "torch" else contextlib.nullcontext()
+
+
+def builds_optimizer_before_tracing():
+    """Whether a task builds its optimizer's variables before Keras traces
+    the training step (`TransformerSeq2SeqLM.make_train_function`): on
+    TensorFlow, which otherwise creates them in the first trace and traces
+    the step twice."""
+    return keras.config.backend() == "tensorflow"

@@ -11,7 +11,8 @@ from keras import ops
 
 from keras_transformer.decoding.interface import forget_decoding_functions
 from keras_transformer.decoding.samplers import keras_hub_generate_step
-from keras_transformer.runtime.direct_calls import direct_calls
+from keras_transformer.runtime.backend_choices import builds_optimizer_before_tracing
+from keras_transformer.runtime.backend_choices import direct_calls_where_eager
 from keras_transformer.losses import LabelSmoothedCrossEntropy
 from keras_transformer.metrics import TokenAccuracy
 from keras_transformer.models.preset_io import PresetIO
@@ -185,7 +186,7 @@ class TransformerSeq2SeqLM(EnsembleMembers, PresetIO, keras_hub.models.Seq2SeqLM
     def _build_optimizer_before_tracing(self):
         optimizer = getattr(self, "optimizer", None)
         if (
-            keras.config.backend() == "tensorflow"
+            builds_optimizer_before_tracing()
             and optimizer is not None
             and not optimizer.built
             and getattr(self, "_distribute_strategy", None) is None
@@ -197,13 +198,13 @@ class TransformerSeq2SeqLM(EnsembleMembers, PresetIO, keras_hub.models.Seq2SeqLM
         # run Keras's step through DistributedDataParallel.
         from keras_transformer import distribution
 
-        with _eager_direct_calls():
+        with direct_calls_where_eager():
             if distribution.torch_is_distributed():
                 return distribution.torch_ddp_train_step(self, *args, **kwargs)
             return super().train_step(*args, **kwargs)
 
     def test_step(self, *args, **kwargs):
-        with _eager_direct_calls():
+        with direct_calls_where_eager():
             return super().test_step(*args, **kwargs)
 
     def quantize(self, mode=None, config=None, filters=None, **kwargs):
@@ -393,17 +394,6 @@ class TransformerSeq2SeqLM(EnsembleMembers, PresetIO, keras_hub.models.Seq2SeqLM
         through the tokenizer (its pieces, no start or end token), None as
         no prefix."""
         return generation.target_prefix_ids(self.preprocessor, target_prefix)
-
-
-def _eager_direct_calls():
-    """`direct_calls()` on PyTorch, which runs every layer call of every
-    step eagerly: the step's layers skip Keras's per-call work. Where that
-    work dominates, a float32 step took 2.55-2.61x as long as
-    `torch.nn.Transformer`'s with it and 1.70-1.71x without
-    (`benchmarks/step_overhead.py`). JAX and TensorFlow trace the step once
-    per shape, so it changes nothing there.
-    """
-    return direct_calls() if keras.config.backend() == "torch" else contextlib.nullcontext()
 
 
 @contextlib.contextmanager
