@@ -13,7 +13,7 @@ import pytest  # noqa: E402
 # examples. pytest's importlib mode runs a module file it collects; run
 # before the package had imported it, a module ran twice (once more through
 # the package's own imports), leaving two copies of its classes and state:
-# `pytest keras_transformer/layers/direct_calls.py tests/test_direct_calls.py`
+# `pytest keras_transformer/runtime/direct_calls.py tests/test_direct_calls.py`
 # failed 8 tests on TensorFlow, the layers' `DirectCall` reading one
 # `direct_calls()` state and the tests setting the other.
 import keras_transformer.models  # noqa: E402, F401
