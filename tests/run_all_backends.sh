@@ -28,6 +28,6 @@ fi
 export XLA_FLAGS="${XLA_FLAGS:-} --xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true"
 for backend in ${BACKENDS:-jax tensorflow torch}; do
     echo "=== KERAS_BACKEND=$backend ==="
-    KERAS_BACKEND=$backend python -m pytest -q -p no:cacheprovider -n "${TEST_WORKERS:-2}" --dist loadfile \
+    KERAS_BACKEND=$backend python -m pytest -q -p no:cacheprovider -n "${TEST_WORKERS:-2}" --dist loadfile --durations=15 \
         tests keras_transformer "$@"
 done
