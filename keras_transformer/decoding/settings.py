@@ -9,6 +9,7 @@ searches are kept by their settings.
 """
 
 import dataclasses
+import os
 
 import numpy as np
 
@@ -17,6 +18,15 @@ import numpy as np
 LENGTH_PENALTIES = ("gnmt", "length")
 # Sampling instead of the search's ranking (`sampling.py`).
 SAMPLINGS = ("top_k", "top_p")
+# Upper bounds of the sizes a user gives, checked before anything is
+# allocated: far above any search that is useful (research on the beam
+# search curse goes to beams of a few hundred), and below those that would
+# exhaust a machine or overflow an int64 length.
+MAX_BEAM_SIZE = 1024
+MAX_LENGTH_OFFSET = 1 << 20
+MAX_BATCH_SIZE = 1 << 20
+# The share of the machine's memory one request may plan to use.
+MEMORY_SHARE = 0.8
 
 
 @dataclasses.dataclass(frozen=True)
@@ -74,9 +84,9 @@ class DecodingSettings:
     seed: int = 0
 
     def __post_init__(self):
-        _check_int("beam_size", self.beam_size, minimum=1)
-        _check_int("num_results", self.num_results, minimum=1)
-        _check_int("max_length_offset", self.max_length_offset, minimum=None)
+        check_int("beam_size", self.beam_size, minimum=1, maximum=MAX_BEAM_SIZE)
+        check_int("num_results", self.num_results, minimum=1, maximum=MAX_BEAM_SIZE)
+        check_int("max_length_offset", self.max_length_offset, minimum=-MAX_LENGTH_OFFSET, maximum=MAX_LENGTH_OFFSET)
         check_alpha(self.alpha)
         if self.length_penalty not in LENGTH_PENALTIES:
             raise ValueError(f"Unknown length_penalty {self.length_penalty!r}; expected one of {LENGTH_PENALTIES}.")
@@ -91,7 +101,7 @@ class DecodingSettings:
                 "TransformerSeq2SeqLM.generate also takes it as text."
             )
         for token in prefix:
-            _check_int("each token id of target_prefix", token, minimum=0)
+            check_int("each token id of target_prefix", token, minimum=0)
         self._check_sampling()
         # Held as Python ints in a tuple: hashable, and a compile key.
         object.__setattr__(self, "target_prefix", tuple(int(token) for token in prefix))
@@ -106,8 +116,8 @@ class DecodingSettings:
         if self.sampling is not None and self.beam_size != 1:
             raise ValueError(f"sampling={self.sampling!r} draws one output a source: it needs beam_size=1, "
                              f"got beam_size={self.beam_size}.")
-        _check_int("top_k", self.top_k, minimum=1)
-        _check_int("seed", self.seed, minimum=0)
+        check_int("top_k", self.top_k, minimum=1, maximum=2**31 - 1)
+        check_int("seed", self.seed, minimum=0)
         for name, value, top in (("top_p", self.top_p, 1.0), ("temperature", self.temperature, None)):
             if isinstance(value, bool) or not isinstance(value, (int, float, np.number)) or not (
                 np.isfinite(value) and value > 0 and (top is None or value <= top)
@@ -138,6 +148,70 @@ class DecodingSettings:
                 )
 
 
+    def check_memory(self, batch_size, backbone, longest_source, models=1, available=None):
+        """Refuses a search whose caches and beams would need more memory
+        than the machine has (`available` bytes, by default
+        `available_memory()`), before anything is allocated, naming the
+        sizes to lower.
+
+        Args:
+            batch_size: sources searched together.
+            backbone: has `num_layers`, `d_model`, `vocabulary_size` and
+                `max_sequence_length`.
+            longest_source: the longest source's token count.
+            models: how many models search together (an ensemble's).
+        """
+        check_int("batch_size", batch_size, minimum=1, maximum=MAX_BATCH_SIZE)
+        needed = models * search_bytes(self, batch_size, backbone, longest_source)
+        available = available_memory() if available is None else available
+        if available and needed > MEMORY_SHARE * available:
+            raise MemoryError(
+                f"This search needs about {_gib(needed)} of memory (beam_size={self.beam_size}, batch_size="
+                f"{batch_size}, outputs of up to {_output_length(self, backbone, longest_source)} tokens), more than "
+                f"{MEMORY_SHARE:.0%} of the {_gib(available)} this machine has. Lower beam_size or batch_size "
+                "(or max_length_offset)."
+            )
+
+
+def search_bytes(settings, batch_size, backbone, longest_source):
+    """About how many bytes a search of `batch_size` sources holds at once:
+    the decoder's key/value caches (self- and cross-attention) of every
+    beam, and the scores of twice as many candidates over the vocabulary,
+    in float32."""
+    rows = batch_size * settings.beam_size
+    length = _output_length(settings, backbone, longest_source)
+    caches = 2 * backbone.num_layers * rows * (length + longest_source) * backbone.d_model
+    candidates = 3 * rows * backbone.vocabulary_size
+    return 4 * (caches + candidates)
+
+
+def _output_length(settings, backbone, longest_source):
+    return int(max(1, min(longest_source + settings.max_length_offset, backbone.max_sequence_length)))
+
+
+def available_memory():
+    """The bytes of memory this process may use: the machine's physical
+    memory, or the container's (cgroup) limit if lower; None where
+    neither can be read."""
+    try:
+        total = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        total = None
+    for path in ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"):
+        try:
+            with open(path) as f:
+                limit = f.read().strip()
+        except OSError:
+            continue
+        if limit.isdigit() and (total is None or int(limit) < total):
+            total = int(limit)
+    return total
+
+
+def _gib(size):
+    return f"{size / 2**30:.1f} GiB"
+
+
 def check_alpha(alpha):
     """Refuses a length penalty exponent that is not a finite number >= 0.
 
@@ -150,8 +224,18 @@ def check_alpha(alpha):
         raise ValueError(f"alpha (the length penalty exponent) must be a finite number >= 0, got {alpha!r}.")
 
 
-def _check_int(name, value, minimum=1):
+def check_int(name, value, minimum=1, maximum=None):
+    """Refuses a size that is not an integer in [`minimum`, `maximum`]
+    (None: no bound).
+
+    >>> check_int("beam_size", 10**9, maximum=MAX_BEAM_SIZE)
+    Traceback (most recent call last):
+    ...
+    ValueError: beam_size must be at most 1024, got 1000000000.
+    """
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
         raise TypeError(f"{name} must be an integer, got {value!r} ({type(value).__name__}).")
     if minimum is not None and value < minimum:
         raise ValueError(f"{name} must be at least {minimum}, got {value}.")
+    if maximum is not None and value > maximum:
+        raise ValueError(f"{name} must be at most {maximum}, got {value}.")

@@ -27,6 +27,13 @@ from keras_transformer.presets.layout import weights_do_not_fit
 from keras_transformer.presets.registry import shipped_directories
 from keras_transformer.presets.registry import resolve
 from keras_transformer.utils.files import sha256
+from keras_transformer.utils.reading import VOCABULARY_LIMIT
+from keras_transformer.utils.reading import WEIGHTS_LIMIT
+from keras_transformer.utils.reading import UnreadableFileError
+from keras_transformer.utils.reading import check_regular_file
+from keras_transformer.utils.reading import read_bytes
+from keras_transformer.utils.reading import read_json
+from keras_transformer.utils.reading import read_text
 
 # Tokenizer arguments that would read a file: presets keep it in assets.
 TOKENIZER_FILE_KEYS = ("proto", "vocabulary", "merges", "source_spm", "target_spm")
@@ -118,8 +125,9 @@ def _check_directory(directory, needs, load_weights):
 
 def _read_json(path):
     try:
-        with open(path, encoding="utf-8") as f:
-            config = json.load(f)
+        config = read_json(path)
+    except UnreadableFileError as error:
+        raise PresetError(str(error)) from None
     except (json.JSONDecodeError, UnicodeDecodeError) as error:
         raise PresetError(
             f"The preset file {path!r} is corrupt (not valid JSON: {error}). "
@@ -225,6 +233,7 @@ def _check_weights(directory, checksums, metadata):
                 f"{os.path.basename(weights)}. Load it with `load_weights=False` for "
                 "random weights, or save the model again."
             )
+        _check_regular(weights, WEIGHTS_LIMIT)
     for name, expected in checksums.items():
         weights = os.path.join(directory, name)
         if os.path.isfile(weights) and sha256(weights) != expected:
@@ -263,6 +272,15 @@ def _check_int8_index(index):
             f"The preset file {index!r} is corrupt: it gives {STORAGE_KEY}={storage!r} for weights "
             f"stored in int8 ({INT8_WEIGHTS_FILE}). Copy the preset again, or save the model again."
         )
+
+
+def _check_regular(path, limit):
+    """`path` is a regular file of at most `limit` bytes (a link to a
+    device or a FIFO would make its reader hang or fill the memory)."""
+    try:
+        check_regular_file(path, limit)
+    except UnreadableFileError as error:
+        raise PresetError(str(error)) from None
 
 
 def weights_count(directory):
@@ -322,6 +340,7 @@ def _check_tokenizer_assets(directory, tokenizer_config):
     class_name = tokenizer_config.get("class_name", "")
     size = None
     for file in files:
+        _check_regular(file, VOCABULARY_LIMIT)
         if os.path.basename(file) == "vocab.json":  # a Marian tokenizer's ids
             vocabulary = _read_json(file)
             size = (file, max(map(int, vocabulary.values()), default=-1) + 1)
@@ -330,8 +349,7 @@ def _check_tokenizer_assets(directory, tokenizer_config):
             if "Marian" not in class_name:
                 size = (file, pieces)
         elif "WordPiece" in class_name and file.endswith(".txt"):
-            with open(file, encoding="utf-8") as f:
-                size = (file, sum(1 for _ in f))
+            size = (file, len(read_text(file, VOCABULARY_LIMIT).splitlines()))
     return size
 
 
@@ -350,8 +368,7 @@ def _check_sentencepiece(file):
     does not read."""
     import sentencepiece
 
-    with open(file, "rb") as f:
-        proto = f.read()
+    proto = read_bytes(file, VOCABULARY_LIMIT)
     sentencepiece.set_min_log_level(2)  # no INFO lines on stderr
     try:
         return sentencepiece.SentencePieceProcessor(model_proto=proto).get_piece_size()

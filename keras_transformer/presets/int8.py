@@ -54,6 +54,7 @@ from keras_transformer.presets.layout import WEIGHTS_ENTRIES
 from keras_transformer.presets.layout import PresetError
 from keras_transformer.presets.layout import weights_do_not_fit
 from keras_transformer.utils.files import matching
+from keras_transformer.utils.reading import read_json
 
 FORMAT_KEY = "__format__"
 FORMAT = "keras_transformer int8 weights, version 1"
@@ -221,8 +222,7 @@ def is_index(path):
     if os.path.basename(os.fspath(path)) != SHARDED_WEIGHTS_INDEX or not os.path.isfile(path):
         return False
     try:
-        with open(path) as f:
-            return json.load(f).get(STORAGE_KEY) == "int8"
+        return read_json(path).get(STORAGE_KEY) == "int8"
     except (OSError, ValueError, AttributeError):
         return False
 

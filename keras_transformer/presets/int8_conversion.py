@@ -1,7 +1,6 @@
 """`store_int8`: a preset's weights converted to int8 storage
 (`keras_transformer.presets.int8`), in place or into another directory."""
 
-import json
 import os
 import shutil
 
@@ -18,6 +17,7 @@ from keras_transformer.presets.registry import resolve
 from keras_transformer.presets.registry import shipped_directories
 from keras_transformer.presets.saving import record
 from keras_transformer.presets.saving import saving
+from keras_transformer.utils.reading import read_json
 
 
 def store_int8(preset, output_dir=None):
@@ -93,6 +93,5 @@ def store_int8(preset, output_dir=None):
 def _float_backbone(directory):
     """The float32 backbone of the preset in `directory`, with its weights
     (checked as `from_preset` checks them)."""
-    with open(os.path.join(directory, CONFIG_FILE), encoding="utf-8") as f:
-        cls = config_class(json.load(f))
+    cls = config_class(read_json(os.path.join(directory, CONFIG_FILE)))
     return cls.from_preset(directory, dtype="float32")

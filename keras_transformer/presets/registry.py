@@ -1,7 +1,6 @@
 """The presets shipped inside the package, by name, and reading a preset's
 JSON files by name, directory or handle."""
 
-import json
 import os
 import warnings
 
@@ -10,6 +9,7 @@ from keras_transformer.presets.layout import ENSEMBLE_KEY
 from keras_transformer.presets.layout import METADATA_FILE
 from keras_transformer.presets.layout import PRESETS_DIR
 from keras_transformer.presets.layout import TOKENIZER_FILE
+from keras_transformer.utils.reading import read_json
 
 
 def shipped_directories():
@@ -27,8 +27,7 @@ def read_metadata(directory):
     path = os.path.join(directory, METADATA_FILE)
     if not os.path.exists(path):
         return {}
-    with open(path, encoding="utf-8") as f:
-        return json.load(f)
+    return read_json(path)
 
 
 def preset_metadata(preset):
@@ -59,8 +58,7 @@ def read_preset_file(preset, name):
         raise FileNotFoundError(f"{preset!r} is neither a preset directory, a shipped preset nor a handle.")
     if not os.path.exists(path):
         raise FileNotFoundError(f"Preset {preset!r} has no {name}.")
-    with open(path, encoding="utf-8") as f:
-        return json.load(f)
+    return read_json(path)
 
 
 def sentencepiece_presets(presets):

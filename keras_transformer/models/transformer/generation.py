@@ -11,8 +11,10 @@ from keras import ops
 from keras_transformer.decoding.beam import beam_search
 from keras_transformer.decoding.ensemble import Ensemble
 from keras_transformer.decoding.samplers import sample
+from keras_transformer.decoding.settings import MAX_BATCH_SIZE
 from keras_transformer.decoding.settings import SAMPLINGS
 from keras_transformer.decoding.settings import DecodingSettings
+from keras_transformer.decoding.settings import check_int
 from keras_transformer.models.transformer.seq2seq_lm_preprocessor import source_texts
 
 
@@ -55,7 +57,7 @@ def generate(
             "keras-hub samplers give no scores, n-best lists or ensembles, and take no target prefix; "
             "use sampler='beam'."
         )
-    _check_counts(batch_size=batch_size)
+    check_int("batch_size", batch_size, minimum=1, maximum=MAX_BATCH_SIZE)
     if sampler in ("greedy", *SAMPLINGS) and num_results > 1:
         what = "Greedy decoding" if sampler == "greedy" else "Sampling"
         raise ValueError(f"{what} gives one result; num_results={num_results} needs sampler='beam'.")
@@ -68,6 +70,11 @@ def generate(
     if sampler in SAMPLINGS:
         settings = settings.replace(sampling=sampler, top_k=top_k, top_p=top_p, temperature=temperature, seed=seed)
     sources, decode, single = _generate_sources(model, inputs)
+    if sources:  # before any cache or beam is allocated
+        searched = settings.replace(beam_size=1, num_results=1) if keras_hub_sampler else settings
+        searched.check_memory(
+            min(batch_size, len(sources)), model.backbone, max(map(len, sources)), models=1 + len(ensemble)
+        )
     if keras_hub_sampler:
         outputs = decode(list(sample(model, sources, sampler, max_length_offset, batch_size)))
         return outputs[0] if single else outputs
@@ -167,18 +174,6 @@ def _search_in_batches(decoder, sources, settings, batch_size, verbose):
         if progress is not None:
             progress.add(len(batch))
     return results
-
-
-def _check_count(name, value, minimum=1):
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
-        raise TypeError(f"{name} must be an integer, got {value!r} ({type(value).__name__}).")
-    if minimum is not None and value < minimum:
-        raise ValueError(f"{name} must be at least {minimum}, got {value}.")
-
-
-def _check_counts(**counts):
-    for name, value in counts.items():
-        _check_count(name, value)
 
 
 def _check_ensemble(models, task_class):

@@ -5,41 +5,60 @@
 import keras
 import numpy as np
 
+from keras_transformer.models.transformer.text_checks import check_pair_texts
+
 # Data that `fit`, `evaluate` and `predict` take as it is in memory (not a
 # dataset): checked by the preprocessor first, and shuffled by `fit`.
 IN_MEMORY = (dict, list, tuple, np.ndarray)
 
 
-def check_in_memory(preprocessor, x, y, method, what=None):
+def check_in_memory(preprocessor, x, y, method, what=None, long_pairs="error"):
     """The `preprocessor`'s checks of sentence pairs held in memory, run
     before `method` (`"fit"`, `"evaluate"`, `"predict"`) rather than inside
-    `tf.data` (whose traceback buries them); `what` names the argument
-    checked, if not the data itself."""
+    `tf.data` (whose traceback buries them), and the texts' checks, the
+    same as `generate`'s (`text_checks.check_pair_texts`); `what` names the
+    argument checked, if not the data itself.
+
+    Returns:
+        `(x, kept)`: the pairs to use (without the long ones, with
+        `long_pairs="drop"`), and the indices kept (None: all).
+    """
+    if x is None and what is None:
+        raise ValueError(f"{method}: no data: give x, a dict with 'encoder_text' and 'decoder_text' (or a dataset).")
     check_inputs = getattr(preprocessor, "check_inputs", None)
     if check_inputs is None or not isinstance(x, (*IN_MEMORY, str)):
-        return
+        return x, None
     try:
-        check_inputs(x, y)
-    except ValueError as error:
+        if check_inputs(x, y):  # token ids: checked by the backbone
+            return x, None
+        return check_pair_texts(preprocessor, x, long_pairs)
+    except (ValueError, TypeError) as error:
         # Sources alone, not sentence pairs: perhaps meant for translation.
         to_translate = method != "fit" and not isinstance(x, dict) and y is None
         hint = " To translate sources, call generate(sources)." if to_translate else ""
-        raise ValueError(f"{method}: {what + ': ' if what else ''}{error}{hint}") from None
+        raise type(error)(f"{method}: {what + ': ' if what else ''}{error}{hint}") from None
 
 
-def check_validation_data(preprocessor, validation_data):
+def check_validation_data(preprocessor, validation_data, long_pairs="error"):
     """`fit`'s `validation_data` held in memory: a dict of sentence
-    pairs, or Keras' `(x, y)` / `(x, y, sample_weight)` tuple."""
+    pairs, or Keras' `(x, y)` / `(x, y, sample_weight)` tuple; returned
+    without its long pairs with `long_pairs="drop"`."""
     if isinstance(validation_data, bool):  # `shuffle` given fifth, where keras-hub has validation_data
         raise ValueError(
             f"fit: validation_data={validation_data}: fit takes keras-hub's order (x, y, batch_size, "
             "sample_weight, validation_data); give shuffle by name: fit(..., shuffle=False)."
         )
-    if isinstance(validation_data, (list, tuple)) and 1 <= len(validation_data) <= 3:  # as Keras unpacks
+    if validation_data is None:
+        return None
+    packed = isinstance(validation_data, (list, tuple)) and 1 <= len(validation_data) <= 3  # as Keras unpacks
+    if packed:
         x, y, _ = keras.utils.unpack_x_y_sample_weight(validation_data)
     else:
         x, y = validation_data, None
-    check_in_memory(preprocessor, x, y, "fit", what="validation_data")
+    x, kept = check_in_memory(preprocessor, x, y, "fit", what="validation_data", long_pairs=long_pairs)
+    if kept is None:
+        return validation_data
+    return (x, *validation_data[1:]) if packed else x
 
 
 def shuffled_batches(x, y, sample_weight, batch_size, validation_split, validation_data, shuffle):

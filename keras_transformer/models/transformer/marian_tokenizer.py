@@ -24,6 +24,8 @@ import numpy as np
 from keras_transformer.models.preset_io import PresetIO
 from keras_transformer.models.transformer.backbone import TransformerBackbone
 from keras_transformer.utils.keras_hub_internals import preprocessing_function
+from keras_transformer.utils.reading import VOCABULARY_LIMIT
+from keras_transformer.utils.reading import read_bytes
 
 SOURCE_SPM, TARGET_SPM, VOCABULARY_JSON = "source.spm", "target.spm", "vocab.json"
 PAD, UNK, END = "<pad>", "<unk>", "</s>"
@@ -35,8 +37,8 @@ LANGUAGE_CODE = r"(?s)^(>>.*?<<)?.*$"
 def _read(path_or_bytes, binary=True):
     if isinstance(path_or_bytes, bytes) or path_or_bytes is None:
         return path_or_bytes
-    with open(path_or_bytes, "rb" if binary else "r", **({} if binary else {"encoding": "utf-8"})) as f:
-        return f.read()
+    data = read_bytes(path_or_bytes, VOCABULARY_LIMIT)
+    return data if binary else data.decode("utf-8")
 
 
 def graph_tokenizer(source_proto, target_proto, pieces, unk_id, skip_ids):

@@ -7,6 +7,7 @@ import warnings
 
 import keras
 import keras_hub
+import numpy as np
 from keras import ops
 
 from keras_transformer.decoding.interface import forget_decoding_functions
@@ -128,6 +129,7 @@ class TransformerSeq2SeqLM(EnsembleMembers, PresetIO, keras_hub.models.Seq2SeqLM
         validation_data=None,
         validation_split=None,
         shuffle=True,
+        long_pairs="error",
         **kwargs,
     ):
         """`keras.Model.fit`, shuffling data held in memory every epoch.
@@ -140,9 +142,18 @@ class TransformerSeq2SeqLM(EnsembleMembers, PresetIO, keras_hub.models.Seq2SeqLM
         pairs, before shuffling, are the validation data, as in Keras.
         Datasets are read as they are: they shuffle themselves, like
         `token_budget_batches(...).dataset()`.
+
+        Sentence pairs held in memory are checked first, as `generate`
+        checks its sources: strings (or UTF-8 bytes), at least one pair,
+        none longer than the preprocessor's sequence lengths. Long pairs
+        are an error that counts them unless `long_pairs` is `"drop"`
+        (leave them out) or `"truncate"` (cut them, as keras-hub does);
+        `evaluate` and `predict` take `long_pairs` too.
         """
-        check_in_memory(self.preprocessor, x, y, "fit")
-        check_validation_data(self.preprocessor, validation_data)
+        x, kept = check_in_memory(self.preprocessor, x, y, "fit", long_pairs=long_pairs)
+        if kept is not None and isinstance(sample_weight, (list, tuple, np.ndarray)):
+            sample_weight = np.asarray(sample_weight)[kept]
+        validation_data = check_validation_data(self.preprocessor, validation_data, long_pairs)
         if isinstance(x, IN_MEMORY) and (shuffle or validation_split):
             x, validation_data = shuffled_batches(
                 x, y, sample_weight, batch_size, validation_split, validation_data, shuffle
@@ -159,12 +170,12 @@ class TransformerSeq2SeqLM(EnsembleMembers, PresetIO, keras_hub.models.Seq2SeqLM
             **kwargs,
         )
 
-    def evaluate(self, x=None, y=None, *args, **kwargs):
-        check_in_memory(self.preprocessor, x, y, "evaluate")
+    def evaluate(self, x=None, y=None, *args, long_pairs="error", **kwargs):
+        x, _ = check_in_memory(self.preprocessor, x, y, "evaluate", long_pairs=long_pairs)
         return super().evaluate(x, y, *args, **kwargs)
 
-    def predict(self, x=None, *args, **kwargs):
-        check_in_memory(self.preprocessor, x, None, "predict")
+    def predict(self, x=None, *args, long_pairs="error", **kwargs):
+        x, _ = check_in_memory(self.preprocessor, x, None, "predict", long_pairs=long_pairs)
         return super().predict(x, *args, **kwargs)
 
     def make_train_function(self, force=False):

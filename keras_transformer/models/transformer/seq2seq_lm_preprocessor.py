@@ -10,6 +10,8 @@ from keras_transformer.models.preset_io import PresetIO
 from keras_transformer.models.transformer.backbone import INPUT_NAMES
 from keras_transformer.models.transformer.backbone import TransformerBackbone
 from keras_transformer.models.transformer.special_tokens import special_token_ids
+from keras_transformer.models.transformer.text_checks import text_list
+from keras_transformer.models.transformer.text_checks import too_long
 from keras_transformer.models.transformer.tokenizer import TransformerTokenizer
 from keras_transformer.utils.keras_hub_internals import preprocessing_function
 
@@ -118,14 +120,13 @@ class TransformerSeq2SeqLMPreprocessor(PresetIO, keras_hub.models.Seq2SeqLMPrepr
         # once): one call a text took 6% of a batch of 64's translation.
         pieces = token_id_lists(self.tokenizer.tokenize, [texts[i] for i in kept])
         for i, ids in zip(kept, pieces):
-            ids = special.frame_source(ids)
-            if max_length is not None and len(ids) > max_length:
-                raise ValueError(
-                    f"A source of {len(ids)} tokens is longer than the model's "
-                    f"max_sequence_length={max_length}: {texts[i][:60]!r}... Split the text "
-                    "into sentences first."
-                )
-            sources[i] = ids
+            sources[i] = special.frame_source(ids)
+        long = [i for i, ids in enumerate(sources) if max_length is not None and len(ids) > max_length]
+        if long:
+            raise too_long(
+                "source", long, len(texts), f"the model's max_sequence_length={max_length}",
+                f"{len(sources[long[0]])} tokens", texts[long[0]], "Split the text into sentences first.",
+            )
         return sources
 
     def generate_postprocess(self, outputs):
@@ -235,41 +236,13 @@ def _count(texts):
 def source_texts(inputs):
     """`(texts, single)`: the source strings of `generate`'s `inputs` (a
     string, bytes, or a list, array or string tensor of them), and whether
-    `inputs` was one text."""
-    if hasattr(inputs, "numpy"):  # a tf.Tensor of strings
-        inputs = inputs.numpy()
-    if isinstance(inputs, np.ndarray):
-        inputs = inputs.item() if inputs.ndim == 0 else inputs.tolist()
-    accepted = (
+    `inputs` was one text; checked by the rule of `fit`'s texts
+    (`text_checks.text_list`)."""
+    return text_list(
+        inputs,
         "generate() takes a string, a list of strings (or a string array or tensor), or a dict of "
-        "token ids (`encoder_token_ids`, `encoder_padding_mask`)"
+        "token ids (`encoder_token_ids`, `encoder_padding_mask`)",
     )
-    single = isinstance(inputs, (str, bytes))
-    if not single and (inputs is None or not hasattr(inputs, "__iter__")):
-        raise TypeError(f"{accepted}; got {type(inputs).__name__}: {inputs!r:.60}.")
-    texts = [inputs] if single else list(inputs)
-    for i, text in enumerate(texts):
-        if isinstance(text, bytes):
-            try:
-                texts[i] = text = text.decode("utf-8")
-            except UnicodeDecodeError as error:
-                raise ValueError(
-                    f"Text {i} is not valid UTF-8 (byte {text[error.start]:#04x} at offset {error.start}): "
-                    "decode it with the right encoding first, or pass str."
-                ) from None
-        elif not isinstance(text, str):
-            raise TypeError(f"{accepted}; item {i} is of type {type(text).__name__}: {text!r:.60}.")
-        try:
-            text.encode("utf-8")
-        except UnicodeEncodeError as error:
-            # Lone surrogates: bytes that were not UTF-8, decoded with
-            # Python's "surrogateescape" (as sys.argv and some files are).
-            raise ValueError(
-                f"Text {i} holds {text[error.start]!r} at character {error.start}, which is not a Unicode "
-                "character (a lone surrogate: bytes that were not UTF-8, decoded with 'surrogateescape'). "
-                "Decode the text with its real encoding."
-            ) from None
-    return texts, single
 
 
 def _describe(x):
