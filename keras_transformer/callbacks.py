@@ -9,6 +9,7 @@ every epoch) and keeps the newest `keep`; `average_checkpoints` loads them
 into one model whose weights are their mean.
 """
 
+import csv
 import glob
 import json
 import os
@@ -271,3 +272,33 @@ def finished_epochs(backup_dir):
         return 0
     with open(path) as f:
         return int(json.load(f)["epoch"])
+
+
+class FlushedTensorBoard(keras.callbacks.TensorBoard):
+    """Keras' `TensorBoard` whose epoch summaries are on disk when the
+    epoch ends (Keras' writers flush every two minutes): a run killed
+    right after an epoch's backup keeps that epoch in its logs."""
+
+    def on_epoch_end(self, epoch, logs=None):
+        super().on_epoch_end(epoch, logs)
+        for writer in self._writers.values():  # the train and validation writers made so far
+            writer.flush()
+
+
+def trim_history(path, epochs):
+    """Keeps the rows of a `CSVLogger` file (`path`) of the first `epochs`
+    epochs: those a resumed run does not train again. A run killed after
+    logging an epoch but before its backup trains that epoch again, and
+    logs it once."""
+    if not os.path.isfile(path):
+        return
+    with open(path, newline="", encoding="utf-8") as f:
+        rows = list(csv.reader(f))
+    if not rows or "epoch" not in rows[0]:
+        return
+    column = rows[0].index("epoch")
+    kept = [rows[0]] + [row for row in rows[1:] if len(row) > column and row[column].isdigit() and int(row[column]) < epochs]
+    if len(kept) == len(rows):
+        return
+    with written_atomically(path) as partial, open(partial, "w", newline="", encoding="utf-8") as f:
+        csv.writer(f).writerows(kept)

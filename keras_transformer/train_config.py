@@ -7,6 +7,7 @@ must keep it. From them come the command line's options
 (`fixed_settings`) and the settings recorded in the run's `run.json`.
 """
 
+import argparse
 import dataclasses
 
 from keras_transformer.utils import arguments
@@ -113,6 +114,23 @@ class TrainConfig:
         return cls(**{k: v for k, v in kwargs.items() if k in names}), {
             k: v for k, v in kwargs.items() if k not in names
         }
+
+    def check(self):
+        """Refuses a setting out of its range, as the command line's
+        option would ("max_tokens must be 1 or more, got 0"), before a run
+        writes anything."""
+        for field in dataclasses.fields(self):
+            check = field.metadata["argparse"].get("type")
+            value = getattr(self, field.name)
+            if value is None:
+                continue
+            try:
+                check and check(str(value))
+            except (argparse.ArgumentTypeError, ValueError) as error:
+                raise ValueError(f"{field.name} {error}.") from None
+            choices = field.metadata["argparse"].get("choices")
+            if choices and value not in choices:
+                raise ValueError(f"{field.name} must be one of {choices}, got {value!r}.")
 
     def fixed_settings(self):
         """The settings a resumed run must keep, as its run.json records

@@ -7,9 +7,11 @@ or a preset's), kept so that a resumed run reads the same vocabulary.
 `keras_transformer.training.train_multi30k` trains with them.
 """
 
+import contextlib
 import json
 import math
 import os
+import shutil
 import warnings
 
 import keras
@@ -17,6 +19,7 @@ import numpy as np
 
 from keras_transformer.models import TransformerTokenizer
 from keras_transformer.models import train_tokenizer
+from keras_transformer.models.transformer.backbone import check_heads
 from keras_transformer.presets import CONFIG_FILE
 from keras_transformer.presets import preset_metadata
 from keras_transformer.presets import read_preset_file
@@ -99,6 +102,36 @@ def check_same_settings(output_dir, run, settings, backbone_config):
 
 def _architecture(backbone_config):
     return {key: value for key, value in (backbone_config or {}).items() if key not in PRESET_OVERRIDES}
+
+
+def check_arguments(config, scratch_backbone):
+    """Refuses settings that would fail later, before the run writes
+    anything: each setting in its range, and heads that divide d_model."""
+    config.check()
+    if scratch_backbone is not None:
+        check_heads(scratch_backbone["d_model"], scratch_backbone["num_heads"], scratch_backbone.get("key_dim"))
+
+
+@contextlib.contextmanager
+def removed_on_failure(output_dir):
+    """Removes what a run's start created in `output_dir` (the directory
+    itself, if it was not there) if the start fails, and nothing that was
+    there before: a failed start leaves the directory as it found it."""
+    existed = os.path.isdir(output_dir)
+    before = set(os.listdir(output_dir)) if existed else set()
+    try:
+        yield
+    except BaseException:
+        if not existed:
+            shutil.rmtree(output_dir, ignore_errors=True)
+        elif os.path.isdir(output_dir):
+            for name in set(os.listdir(output_dir)) - before:
+                path = os.path.join(output_dir, name)
+                if os.path.isdir(path) and not os.path.islink(path):
+                    shutil.rmtree(path, ignore_errors=True)
+                else:
+                    os.remove(path)
+        raise
 
 
 def epoch_plan(num_batches, epochs, steps, previous_run):

@@ -12,11 +12,13 @@ import os
 import keras
 
 from keras_transformer.callbacks import BleuEvaluation
+from keras_transformer.callbacks import FlushedTensorBoard
 from keras_transformer.callbacks import KeepLastCheckpoints
 from keras_transformer.callbacks import average_checkpoints
 from keras_transformer.callbacks import continue_from_checkpoint
 from keras_transformer.callbacks import finished_epochs
 from keras_transformer.callbacks import list_checkpoints
+from keras_transformer.callbacks import trim_history
 from keras_transformer.data import token_budget_batches
 from keras_transformer.datasets import multi30k
 from keras_transformer.models import CONFIGS
@@ -27,10 +29,12 @@ from keras_transformer.models import TransformerSeq2SeqLMPreprocessor
 from keras_transformer.schedules import paper_optimizer
 from keras_transformer.train_config import PRESET_OVERRIDES
 from keras_transformer.train_config import TrainConfig
+from keras_transformer.train_run import check_arguments
 from keras_transformer.train_run import check_run_start
 from keras_transformer.train_run import check_same_settings
 from keras_transformer.train_run import epoch_plan
 from keras_transformer.train_run import read_run
+from keras_transformer.train_run import removed_on_failure
 from keras_transformer.train_run import run_record
 from keras_transformer.train_run import run_tokenizer
 from keras_transformer.train_run import seed_at
@@ -101,6 +105,7 @@ def train_multi30k(output_dir, strategy=None, extra_callbacks=(), verbose="auto"
     scratch_backbone = None if config.initial_preset else {
         **CONFIGS[config.config], **overrides, "max_sequence_length": config.max_sequence_length
     }
+    check_arguments(config, scratch_backbone)
     check_same_settings(output_dir, previous_run, config.fixed_settings(), scratch_backbone)
     # The data and the preset are read before the run's directory is made:
     # a wrong data_dir or preset leaves nothing behind.
@@ -109,36 +114,39 @@ def train_multi30k(output_dir, strategy=None, extra_callbacks=(), verbose="auto"
         from keras_transformer.presets import check
 
         check(config.initial_preset, ("config", "tokenizer"))
-    os.makedirs(output_dir, exist_ok=True)
-    keras.utils.set_random_seed(config.seed)
+    # A start that fails removes what it wrote (never what was there).
+    with removed_on_failure(output_dir):
+        os.makedirs(output_dir, exist_ok=True)
+        keras.utils.set_random_seed(config.seed)
 
-    # Several processes: process 0 writes the run's files; the others train
-    # the same tokenizer (SentencePiece is deterministic) and keep their own
-    # backup for resuming.
-    chief = strategy is None or strategy.process_index == 0
-    tokenizer, initial_training = run_tokenizer(config, output_dir, previous_run, data, chief)
-    train_batches, val_batches = _batches(config, tokenizer, data, strategy)
-    epochs, steps_per_epoch = epoch_plan(len(train_batches), config.epochs, config.steps, previous_run)
-    backup = os.path.join(output_dir, "backup" if chief else f"backup-process-{strategy.process_index}")
-    continue_from_checkpoint(backup, os.path.join(output_dir, "checkpoints"), steps_per_epoch, config.initial_step)
-    # Where this call starts in the run's stream of batches and of dropout
-    # masks: a resumed run goes on with new ones instead of replaying the
-    # first epoch's (which it would learn by heart over many restarts).
-    position = config.initial_step + finished_epochs(backup) * steps_per_epoch
-    if position:
-        keras.utils.set_random_seed(seed_at(config.seed, position))
-    model = _build_model(config, tokenizer, scratch_backbone, overrides, strategy)
-    run_info = run_record(config, model, scratch_backbone, initial_training, train_batches, epochs, steps_per_epoch)
-    if strategy is not None:
-        run_info["devices"] = strategy.num_replicas
-    if chief:
-        # Written aside and moved into place: a kill mid-write must not
-        # leave a truncated run.json.
-        with written_atomically(os.path.join(output_dir, "run.json")) as partial, open(partial, "w") as f:
-            json.dump(run_info, f, indent=2)
-    callbacks = [keras.callbacks.BackupAndRestore(backup)]
-    if chief:
-        callbacks += _chief_callbacks(config, output_dir, data)
+        # Several processes: process 0 writes the run's files; the others train
+        # the same tokenizer (SentencePiece is deterministic) and keep their own
+        # backup for resuming.
+        chief = strategy is None or strategy.process_index == 0
+        tokenizer, initial_training = run_tokenizer(config, output_dir, previous_run, data, chief)
+        train_batches, val_batches = _batches(config, tokenizer, data, strategy)
+        epochs, steps_per_epoch = epoch_plan(len(train_batches), config.epochs, config.steps, previous_run)
+        backup = os.path.join(output_dir, "backup" if chief else f"backup-process-{strategy.process_index}")
+        continue_from_checkpoint(backup, os.path.join(output_dir, "checkpoints"), steps_per_epoch, config.initial_step)
+        # Where this call starts in the run's stream of batches and of dropout
+        # masks: a resumed run goes on with new ones instead of replaying the
+        # first epoch's (which it would learn by heart over many restarts).
+        done = finished_epochs(backup)
+        position = config.initial_step + done * steps_per_epoch
+        if position:
+            keras.utils.set_random_seed(seed_at(config.seed, position))
+        model = _build_model(config, tokenizer, scratch_backbone, overrides, strategy)
+        run_info = run_record(config, model, scratch_backbone, initial_training, train_batches, epochs, steps_per_epoch)
+        if strategy is not None:
+            run_info["devices"] = strategy.num_replicas
+        if chief:
+            # Written aside and moved into place: a kill mid-write must not
+            # leave a truncated run.json.
+            with written_atomically(os.path.join(output_dir, "run.json")) as partial, open(partial, "w") as f:
+                json.dump(run_info, f, indent=2)
+    callbacks = _callbacks(config, output_dir, data, backup, done) if chief else [
+        keras.callbacks.BackupAndRestore(backup)
+    ]
     history = model.fit(
         train_batches.dataset(repeat=True, start=position),
         validation_data=val_batches.dataset(),
@@ -162,6 +170,10 @@ def _read_data(config):
     val_sources, val_targets = multi30k.load("val", config.source, config.target, config.data_dir)
     if config.validation_limit:
         val_sources, val_targets = val_sources[: config.validation_limit], val_targets[: config.validation_limit]
+    for split, pairs in (("training", sources), ("validation", val_sources)):
+        if not pairs:
+            raise ValueError(f"The {split} data of {config.data_dir or 'Multi30k'} holds no sentence pairs: "
+                             "give a data_dir whose files hold them.")
     return sources, targets, val_sources, val_targets
 
 
@@ -205,15 +217,25 @@ def _build_model(config, tokenizer, scratch_backbone, overrides, strategy):
     return model
 
 
-def _chief_callbacks(config, output_dir, data):
-    """Checkpoints, BLEU, TensorBoard and CSV logs: process 0 writes them."""
+def _callbacks(config, output_dir, data, backup, done):
+    """The callbacks of process 0, in order: an epoch's logs are written
+    before its backup, which marks it done, and its checkpoint after, so
+    that a kill at any point leaves the logs of every epoch the rerun does
+    not train again (the `done` first ones), and no more."""
+    trim_history(os.path.join(output_dir, "history.csv"), done)
+    checkpoints = KeepLastCheckpoints(os.path.join(output_dir, "checkpoints"), keep=config.keep_checkpoints)
+    return _log_callbacks(config, output_dir, data) + [keras.callbacks.BackupAndRestore(backup), checkpoints]
+
+
+def _log_callbacks(config, output_dir, data):
+    """BLEU, TensorBoard and CSV logs: process 0 writes them."""
     val_sources, val_targets = data[2:]
-    callbacks = [KeepLastCheckpoints(os.path.join(output_dir, "checkpoints"), keep=config.keep_checkpoints)]
+    callbacks = []
     if config.bleu_sentences:
         n = config.bleu_sentences
         callbacks.append(BleuEvaluation(val_sources[:n], val_targets[:n], sampler="greedy"))
     return callbacks + [
-        keras.callbacks.TensorBoard(os.path.join(output_dir, "logs")),
+        FlushedTensorBoard(os.path.join(output_dir, "logs")),
         keras.callbacks.CSVLogger(os.path.join(output_dir, "history.csv"), append=True),
     ]
 

@@ -135,12 +135,7 @@ class TransformerBackbone(PresetIO, keras_hub.models.Backbone):
                 f"Unknown position_encoding={position_encoding!r}; "
                 f"expected one of {POSITION_ENCODINGS}."
             )
-        if key_dim is None and d_model % num_heads:
-            raise ValueError(
-                f"d_model={d_model} is not divisible by num_heads={num_heads}. "
-                "Pass key_dim (d_k) and value_dim (d_v), or choose num_heads "
-                "dividing d_model."
-            )
+        check_heads(d_model, num_heads, key_dim)
         # === Layers ===
         self.token_embedding = SharedTokenEmbedding(
             vocabulary_size,
@@ -405,6 +400,15 @@ INPUT_NAMES = (
     "decoder_token_ids",
     "decoder_padding_mask",
 )
+
+
+def check_heads(d_model, num_heads, key_dim=None):
+    """Refuses `num_heads` that do not divide `d_model` (without `key_dim`)."""
+    if key_dim is None and d_model % num_heads:
+        raise ValueError(
+            f"d_model={d_model} is not divisible by num_heads={num_heads}. Pass key_dim (d_k) and value_dim "
+            "(d_v), or choose num_heads dividing d_model."
+        )
 
 
 def _check_inputs(inputs):
