@@ -736,7 +736,7 @@ def test_direct_dense_and_layer_norm_compute_numpys(dtype, mixed_kernel, monkeyp
     takes the bfloat16 input and float32 weights; on devices whose kernel
     wants one dtype, CUDA's, the input cast to float32: `mixed_kernel`
     False takes that path here)."""
-    from keras_transformer.runtime import int8_products as module
+    from keras_transformer.runtime import direct_layers as module
     from keras_transformer.runtime.direct_layers import Dense
     from keras_transformer.runtime.direct_layers import LayerNormalization
 

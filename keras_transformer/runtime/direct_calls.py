@@ -84,6 +84,7 @@ def direct_calls():
     Example:
 
     >>> import numpy as np
+    >>> from keras_transformer.runtime.direct_layers import Dense
     >>> layer = Dense(4)
     >>> x = np.ones((2, 3), "float32")
     >>> expected = keras.ops.convert_to_numpy(layer(x))
