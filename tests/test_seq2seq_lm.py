@@ -66,10 +66,11 @@ def test_fit_takes_string_pairs_and_shuffles_them_each_epoch(small_tokenizer, mu
     sources, targets = multi30k_train
     model = tiny_model(small_tokenizer)
     pairs = {"encoder_text": sources[:64], "decoder_text": targets[:64]}
+    # Multi30k has pairs longer than the tiny model's 32 tokens: cut, as keras-hub cuts them.
     with warnings.catch_warnings():
         warnings.filterwarnings("error", message=".*shuffle.*ignored")
         # keras-hub alone refuses validation_split for text.
-        history = model.fit(pairs, batch_size=32, epochs=1, validation_split=0.25, verbose=0)
+        history = model.fit(pairs, batch_size=32, epochs=1, validation_split=0.25, verbose=0, long_pairs="truncate")
     assert np.isfinite(history.history["loss"][0]) and np.isfinite(history.history["val_loss"][0])
 
     # What keras-hub's fit receives: every pair once a pass, in a new order
@@ -80,11 +81,11 @@ def test_fit_takes_string_pairs_and_shuffles_them_each_epoch(small_tokenizer, mu
     def passes(data):
         return [[s.decode() for batch in data for s in batch["encoder_text"].numpy()] for _ in range(2)]
 
-    model.fit(pairs, batch_size=32, epochs=2)
+    model.fit(pairs, batch_size=32, epochs=2, long_pairs="truncate")
     first, second = passes(given[-1])
     assert sorted(first) == sorted(second) == sorted(pairs["encoder_text"])
     assert first != second and first != pairs["encoder_text"]
-    model.fit(pairs, batch_size=32, epochs=2, shuffle=False)
+    model.fit(pairs, batch_size=32, epochs=2, shuffle=False, long_pairs="truncate")
     assert given[-1] is pairs
 
 
@@ -120,17 +121,17 @@ def test_fit_splits_off_validation_pairs_as_keras_does(small_tokenizer, multi30k
     given = []
     monkeypatch.setattr(keras_hub.models.Seq2SeqLM, "fit",
                         lambda self, x, *args, **kwargs: given.append((x, kwargs["validation_data"])))
-    model.fit(pairs, batch_size=16, epochs=2, validation_split=0.25)
+    model.fit(pairs, batch_size=16, epochs=2, validation_split=0.25, long_pairs="truncate")
     train, validation = given[-1]
     texts = [s.decode() for batch in train for s in batch["encoder_text"].numpy()]
     assert sorted(texts) == sorted(pairs["encoder_text"][:30]) and texts != pairs["encoder_text"][:30]
     assert [s.decode() for batch in validation for s in batch["encoder_text"].numpy()] == pairs["encoder_text"][30:]
-    model.fit(pairs, batch_size=16, validation_split=0.25, shuffle=False)
+    model.fit(pairs, batch_size=16, validation_split=0.25, shuffle=False, long_pairs="truncate")
     train, _ = given[-1]
     assert [s.decode() for batch in train for s in batch["encoder_text"].numpy()] == pairs["encoder_text"][:30]
     for split in (1.0, 0.99):  # out of range; no training pair left
         with pytest.raises(ValueError, match="validation_split"):
-            model.fit(pairs, validation_split=split)
+            model.fit(pairs, validation_split=split, long_pairs="truncate")
 
 
 def _unigram_cross_entropy(train_batches, val_batches, vocabulary_size):
@@ -304,7 +305,7 @@ def test_translations_after_training_read_the_trained_weights(multi30k_train):
         return [results[0] for results in model.generate(sources[:8], sampler=sampler, **settings)]
 
     before = translate(model, "greedy")  # (decoding's copies made)
-    model.fit({"encoder_text": sources[:96], "decoder_text": targets[:96]}, batch_size=32, epochs=1, verbose=0)
+    model.fit({"encoder_text": sources[:96], "decoder_text": targets[:96]}, batch_size=32, epochs=1, verbose=0, long_pairs="truncate")
     fresh = TransformerSeq2SeqLM.from_preset(preset, load_ensemble=False)
     fresh.compile(warmup_steps=10)
     fresh.backbone.set_weights(model.backbone.get_weights())
