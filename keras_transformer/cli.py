@@ -12,17 +12,20 @@ Run `keras-transformer COMMAND --help` for the options of each command.
 """
 
 import argparse
-import codecs
 import contextlib
+import difflib
 import json
 import os
+import signal
 import sys
 import warnings
 
 from keras_transformer import cli_formats
+from keras_transformer import cli_io
 from keras_transformer.cli_decoding import add_decoding_options
 from keras_transformer.cli_decoding import decoding_options
 from keras_transformer.utils import arguments
+from keras_transformer.utils.locks import locked
 
 DEFAULT_PRESET = cli_formats.DEFAULT_PRESET
 # Set to 1 to see the C++ libraries' log lines (see `_quiet_native_logs`).
@@ -53,54 +56,6 @@ def _quiet_native_logs():
         sys.stderr = os.fdopen(terminal, "w", buffering=1, encoding="utf-8", errors="backslashreplace")
     except (OSError, ValueError, AttributeError):  # no stderr to redirect: leave it
         pass
-
-
-def _lines(text):
-    """The lines of a text file: split at newlines only (`str.splitlines`
-    also splits at form feeds and Unicode line separators inside a line,
-    which would shift every translation after them)."""
-    lines = text.split("\n")
-    if lines and lines[-1] == "":
-        lines.pop()
-    return [line[:-1] if line.endswith("\r") else line for line in lines]
-
-
-def _decode_lines(data, name):
-    """The lines of UTF-8 bytes read from `name` (a file or standard
-    input), a byte order mark at the start dropped; an error naming the first
-    line that is not UTF-8."""
-    if data.startswith(codecs.BOM_UTF8):
-        data = data[len(codecs.BOM_UTF8):]
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError as error:
-        line = data.count(b"\n", 0, error.start) + 1
-        raise ValueError(
-            f"line {line} of {name} is not valid UTF-8 (byte {data[error.start]:#04x}). Convert the text to "
-            "UTF-8 first, for example with `iconv -f LATIN1 -t UTF-8`."
-        ) from None
-    return _lines(text)
-
-
-def _check_output_path(path, reads=None):
-    """Fails before any work if `path` cannot be written, so that a long
-    run is not lost at the end (the file itself is written only then), or
-    if it is the file `reads`, whose lines it would replace."""
-    if path is None:
-        return
-    if reads is not None and os.path.exists(path) and os.path.samefile(path, reads):
-        raise SystemExit(
-            f"error: --output {path} is the --input file: its sentences would be replaced by their "
-            "translations. Write to another file."
-        )
-    directory = os.path.dirname(os.path.abspath(path))
-    if not os.path.isdir(directory):
-        raise FileNotFoundError(f"Cannot write {path!r}: the directory {directory!r} does not exist.")
-    if os.path.isdir(path):
-        raise IsADirectoryError(f"Cannot write {path!r}: it is a directory.")
-    target = path if os.path.exists(path) else directory
-    if not os.access(target, os.W_OK):  # also a read-only file system
-        raise PermissionError(f"Cannot write {path!r}: {target!r} is not writable.")
 
 
 def _add_train(subparsers):
@@ -222,14 +177,19 @@ def _train(args):
     if args.devices and args.multi_host:  # before joining a job, which waits for the others
         raise SystemExit("error: --devices and --multi-host together: a job on several machines trains on "
                          "every device of every process; leave --devices out (CUDA_VISIBLE_DEVICES limits a machine's)")
+    settings = train_config.from_arguments(args)
     strategy = None
     if args.devices or args.multi_host:
         from keras_transformer import distribution
 
         strategy = distribution.join_and_distribute(devices=args.devices, multi_host=args.multi_host)
         print(f"Training on {strategy.num_replicas} device{'s' if strategy.num_replicas > 1 else ''}: {strategy}")
-    train_multi30k(args.output_dir, strategy=strategy, **train_config.from_arguments(args))
-    if strategy is None or strategy.process_index == 0:
+    chief = strategy is None or strategy.process_index == 0
+    # One run a directory (utils/locks.py), held by the process that writes
+    # the run's files: a second run into it fails at once.
+    with locked(args.output_dir, "train") if chief else contextlib.nullcontext():
+        train_multi30k(args.output_dir, strategy=strategy, **settings)
+    if chief:
         from keras_transformer import presets
 
         model_dir = os.path.join(args.output_dir, "model")
@@ -251,8 +211,9 @@ def _languages(model_path, args):
     source, target = source or known[0], target or known[1]
     run_info = os.path.join(os.path.dirname(os.path.abspath(model_path)), "run.json")
     if (source is None or target is None) and os.path.exists(run_info):
-        with open(run_info) as f:
-            info = json.load(f)
+        info = presets.read_json_object(
+            run_info, "training run's record", "Restore it from a copy, or give --source and --target."
+        )
         source, target = source or info.get("source"), target or info.get("target")
     if source is None or target is None:
         raise SystemExit("error: give --source and --target for this model")
@@ -265,7 +226,8 @@ def _evaluate(args):
 
     _leave_out_tensorflow([args.model, *args.ensemble])  # before the checks import keras-hub
     presets.check(args.model, ("config", "tokenizer"))  # before its languages are read
-    _check_output_path(args.output)
+    if args.output:
+        cli_io.check_output_path(args.output)
     source, target = _languages(args.model, args)
     sources, references = multi30k.load(args.split, source, target, args.data_dir)
     if args.limit:
@@ -275,8 +237,7 @@ def _evaluate(args):
 
     scores = evaluate_translation(model, sources, references, batch_size=args.batch_size, **decoding)
     if args.output:
-        with open(args.output, "w", encoding="utf-8") as f:
-            f.write("\n".join(scores["translations"]) + "\n")
+        cli_io.write_lines(scores["translations"], args.output)
     how = (f"sampled ({args.sampling}, seed {args.seed})" if args.sampling else
            "greedy" if args.beam_size == 1 else f"beam {args.beam_size}, alpha {args.alpha}") + (
         f", an ensemble of {1 + len(decoding['ensemble'])} models" if decoding["ensemble"] else "")
@@ -291,8 +252,11 @@ def _add_translate(subparsers):
         "translate",
         help="Translate sentences with a preset (default: English to German).",
         description="Translate the TEXT arguments, or else the lines of --input or stdin, one "
-        "translation a line on stdout (or --output). Lines are translated in batches of similar "
-        "length; a progress bar goes to stderr when there are more than one batch.",
+        "translation a line on stdout (or --output): one output line for each input line, whether "
+        "lines end in \\n, \\r\\n or \\r, and an empty line for a blank one (whitespace, or "
+        "invisible characters such as a zero-width space). --output is written whole at the end, "
+        "or not at all. Lines are translated in batches of similar length; a progress bar goes to "
+        "stderr when there are more than one batch.",
     )
     p.add_argument("text", nargs="*", help="sentences to translate (default: read lines from --input or stdin)")
     p.add_argument("--preset", default=DEFAULT_PRESET,
@@ -312,27 +276,15 @@ def _translate(args):
             f"error: give TEXT or --input, not both (got --input {args.input} and {len(args.text)} "
             "TEXT argument(s)); to write the translations to a file use -o/--output."
         )
-    if args.text:
-        texts = args.text
-    elif args.input:
-        with open(args.input, "rb") as f:
-            texts = _decode_lines(f.read(), args.input)
-    else:
-        if sys.stdin.isatty():
-            print("Type sentences, one a line; end with Ctrl-D.", file=sys.stderr)
-        texts = _decode_lines(sys.stdin.buffer.read(), "standard input")
-    _check_output_path(args.output, reads=args.input)
+    texts = cli_io.read_sentences(args.text, args.input)
+    cli_io.check_output_path(args.output, reads=args.input)
     _leave_out_tensorflow([args.preset, *args.ensemble])
     model, decoding = _load_translator(args.preset, args)
     # The progress bar goes to stderr, so that stdout holds translations only.
     verbose = 1 if len(texts) > args.batch_size else 0
     with contextlib.redirect_stdout(sys.stderr):
         translations = model.generate(texts, batch_size=args.batch_size, verbose=verbose, **decoding)
-    if args.output:
-        with open(args.output, "w", encoding="utf-8") as f:
-            f.write("".join(t + "\n" for t in translations))
-    else:
-        sys.stdout.write("".join(t + "\n" for t in translations))
+    cli_io.write_lines(translations, args.output)  # whole or not at all
 
 
 def _add_presets(subparsers):
@@ -409,6 +361,38 @@ def run():
     matter in long runs), in a process of its own."""
     global _OWN_PROCESS
     _OWN_PROCESS = True
+    try:
+        _check_backend_name()
+        _start_and_run()
+    except KeyboardInterrupt:
+        # Ctrl-C: one line, not a traceback, and the shell's code for it.
+        # Files are as they were (`--output` is written whole or not at all).
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        resume = "; run the same command again to resume the run" if sys.argv[1:2] == ["train"] else ""
+        print(f"interrupted{resume}", file=sys.stderr, flush=True)
+        sys.exit(130)
+
+
+# The backends this package runs on, and those Keras also takes.
+BACKENDS = ("jax", "tensorflow", "torch")
+OTHER_KERAS_BACKENDS = ("numpy", "openvino")
+
+
+def _check_backend_name():
+    """Refuses a `KERAS_BACKEND` that Keras does not know, naming the ones
+    to choose from, before Keras reads it (its error names none)."""
+    name = os.environ.get("KERAS_BACKEND")
+    if not name or name in BACKENDS + OTHER_KERAS_BACKENDS:
+        return
+    close = difflib.get_close_matches(name.lower(), BACKENDS, n=1, cutoff=0.5)
+    raise SystemExit(
+        f"error: KERAS_BACKEND={name!r} is not a Keras backend: set it to jax, tensorflow or torch "
+        + (f"(did you mean {close[0]!r}?) " if close else "")
+        + "to choose one, or unset it for Keras's default."
+    )
+
+
+def _start_and_run():
     if sys.argv[1:2] in (["translate"], ["evaluate"]):
         # On PyTorch, without the JAX and matplotlib that Keras imports
         # (utils/tensorflow_free.py): decided before anything imports Keras.

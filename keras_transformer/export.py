@@ -66,12 +66,11 @@ from keras_transformer.presets import ensembles
 from keras_transformer.utils.files import move_into_place
 from keras_transformer.utils.files import reporting_full_disk
 from keras_transformer.utils.files import staging_directory
+from keras_transformer.utils.locks import locked
+from keras_transformer.utils.text import BLANK_PATTERN
 
 # What `tf.saved_model.save` writes: an overwrite replaces these only.
 SAVED_MODEL_ENTRIES = ("saved_model.pb", "saved_model.pbtxt", "fingerprint.pb", "variables", "assets")
-# Text that is only whitespace, as Python's `str.isspace` has it (what
-# `generate` calls blank): `tf.strings.strip` strips ASCII whitespace only.
-BLANK = r"[\t-\r\x{1c}-\x{1f}\x{85}\p{Z}]*"
 
 
 def export_saved_model(
@@ -131,6 +130,8 @@ def export_saved_model(
 
     Raises:
         FileExistsError: `export_dir` is not empty and `overwrite` is False.
+        DirectoryInUseError: another process writes `export_dir` (an
+            `OSError`; `keras_transformer.utils.locks`).
         ValueError: bad settings, or a model that cannot be exported (no
             preprocessor, or a WordPiece tokenizer: the export tokenizes
             with tensorflow-text's SentencePiece).
@@ -154,35 +155,38 @@ def export_saved_model(
     export_dir = os.path.abspath(os.fspath(export_dir))
     if os.path.isfile(export_dir):
         raise FileExistsError(f"{export_dir!r} is a file; give a directory for the SavedModel.")
-    if os.path.isdir(export_dir) and os.listdir(export_dir):
-        if not overwrite:
-            raise FileExistsError(
-                f"{export_dir!r} is not empty. Choose another directory, or pass "
-                "overwrite=True (--overwrite) to replace the SavedModel there."
+    # One writer at a time (utils/locks.py): a second export into the
+    # directory fails at once, before it checks or writes anything.
+    with locked(export_dir, "export"):
+        if os.path.isdir(export_dir) and os.listdir(export_dir):
+            if not overwrite:
+                raise FileExistsError(
+                    f"{export_dir!r} is not empty. Choose another directory, or pass "
+                    "overwrite=True (--overwrite) to replace the SavedModel there."
+                )
+            # Replacing only an earlier export keeps a mistyped path (a preset,
+            # a home directory) from being emptied.
+            if not os.path.isfile(os.path.join(export_dir, "saved_model.pb")):
+                raise FileExistsError(
+                    f"{export_dir!r} is not empty and holds no SavedModel (saved_model.pb): overwrite "
+                    "replaces an earlier export only. Choose another directory."
+                )
+        if not ensemble:  # after the checks that may refuse the export
+            ensembles.warn_first_model_only(
+                model, "The SavedModel", "export with ensemble=True (--ensemble) to hold them all"
             )
-        # Replacing only an earlier export keeps a mistyped path (a preset,
-        # a home directory) from being emptied.
-        if not os.path.isfile(os.path.join(export_dir, "saved_model.pb")):
-            raise FileExistsError(
-                f"{export_dir!r} is not empty and holds no SavedModel (saved_model.pb): overwrite "
-                "replaces an earlier export only. Choose another directory."
-            )
-    if not ensemble:  # after the checks that may refuse the export
-        ensembles.warn_first_model_only(
-            model, "The SavedModel", "export with ensemble=True (--ensemble) to hold them all"
-        )
-    with reporting_full_disk("exporting the SavedModel to", export_dir), staging_directory(
-        export_dir, "exporting"
-    ) as staging:
-        saved_model = os.path.join(staging, "saved_model")
-        if keras.config.backend() == "tensorflow":
-            model = load_for_export(model, **precision, ensemble=ensemble)
-            _write(model, saved_model, **search)
-        else:
-            _write_in_tensorflow_process(model, saved_model, staging, search, **precision)
-        # Only what a SavedModel holds is replaced: files the user added
-        # beside it (TF Serving's assets.extra/, notes) stay.
-        move_into_place(saved_model, export_dir, replaces=SAVED_MODEL_ENTRIES)
+        with reporting_full_disk("exporting the SavedModel to", export_dir), staging_directory(
+            export_dir, "exporting"
+        ) as staging:
+            saved_model = os.path.join(staging, "saved_model")
+            if keras.config.backend() == "tensorflow":
+                model = load_for_export(model, **precision, ensemble=ensemble)
+                _write(model, saved_model, **search)
+            else:
+                _write_in_tensorflow_process(model, saved_model, staging, search, **precision)
+            # Only what a SavedModel holds is replaced: files the user added
+            # beside it (TF Serving's assets.extra/, notes) stay.
+            move_into_place(saved_model, export_dir, replaces=SAVED_MODEL_ENTRIES)
     return export_dir
 
 
@@ -307,7 +311,7 @@ class Translator(tf.Module):
     def _search(self, text):
         model = self._held.model
         limit = model.backbone.max_sequence_length
-        empty = tf.strings.regex_full_match(text, BLANK)
+        empty = tf.strings.regex_full_match(text, BLANK_PATTERN)  # what generate calls blank
         # A blank text is searched as an empty one (its translation is
         # empty): whitespace can make hundreds of pieces.
         pieces = self.tokenizer.tokenize(tf.where(empty, "", text))

@@ -13,6 +13,8 @@ plot_attention(maps, "attention.png")
 import numpy as np
 from keras import ops
 
+from keras_transformer.utils.text import is_blank
+
 KINDS = ("encoder_self_attention", "decoder_self_attention", "cross_attention")
 
 
@@ -37,8 +39,8 @@ def attention_maps(model, source, target=None):
         raise ValueError("Attention maps need a model with a preprocessor (its tokenizer) to read text.")
     preprocessor = model.preprocessor
     tokenizer = preprocessor.tokenizer
-    if not str(source).strip():
-        raise ValueError("The source text is empty: there is no attention to show.")
+    if is_blank(str(source)):
+        raise ValueError("The source text is blank: there is no attention to show.")
     if target is None:
         target = model.generate(source, sampler="greedy", ensemble=[])  # the maps are this model's
     source_ids = preprocessor.generate_preprocess([source], model.backbone.max_sequence_length)[0]

@@ -15,6 +15,7 @@ import keras
 import pytest
 
 from keras_transformer import cli
+from keras_transformer import cli_io
 from keras_transformer.models import TransformerBackbone
 from keras_transformer.models import TransformerSeq2SeqLM
 from keras_transformer.models import TransformerSeq2SeqLMPreprocessor
@@ -69,7 +70,7 @@ def test_text_that_is_not_utf8_names_the_line(preset, monkeypatch, tmp_path, cap
 @once
 def test_a_byte_order_mark_is_not_translated(preset, tmp_path, capsys):
     model, directory = preset
-    assert cli._decode_lines(b"\xef\xbb\xbfA dog runs.\r\nA cat.\n", "f") == ["A dog runs.", "A cat."]
+    assert cli_io.decode_lines(b"\xef\xbb\xbfA dog runs.\r\nA cat.\n", "f") == ["A dog runs.", "A cat."]
     with_bom = tmp_path / "bom.txt"
     with_bom.write_bytes("\ufeffA dog runs.\n".encode("utf-8"))
     cli.main(["translate", "--preset", directory, "--beam-size", "1", "-i", str(with_bom)])
@@ -184,10 +185,13 @@ def test_crafted_presets_are_refused_with_the_file(preset):
         TransformerSeq2SeqLM.from_preset(directory)
     # A class of the package with an argument Keras refuses: Keras' own
     # error, at the preset boundary.
-    _write_json(directory, "config.json", {**original, "config": {**original["config"], "activation": "bogus"}})
+    _write_json(directory, "config.json", original)
+    original_task = _read_json(directory, "task.json")
+    _set_in_model_configs(directory, "activation", "bogus")
     with pytest.raises(PresetError, match="cannot be built from its config files.*bogus"):
         TransformerBackbone.from_preset(directory)
     _write_json(directory, "config.json", original)
+    _write_json(directory, "task.json", original_task)
     _edit_json(directory, "tokenizer.json", lambda t: t["config"].update(proto="/etc/passwd"))
     with pytest.raises(PresetError, match="tokenizer.json' gives the tokenizer's 'proto'"):
         TransformerTokenizer.from_preset(directory)

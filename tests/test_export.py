@@ -215,12 +215,14 @@ def test_saved_model_of_an_ensemble_compiled_by_xla_decodes_both_models(small_to
 def test_blank_in_the_saved_model_is_blank_in_python():
     import tensorflow as tf
 
-    from keras_transformer.export import BLANK
+    from keras_transformer.utils.text import BLANK_PATTERN
+    from keras_transformer.utils.text import is_blank
 
     characters = [chr(c) for c in range(0x110000) if not 0xD800 <= c < 0xE000]
-    blank = tf.strings.regex_full_match(tf.constant(characters), BLANK).numpy()
-    assert [c for c, b in zip(characters, blank) if b != c.isspace()] == []
-    assert tf.strings.regex_full_match(["", " \u00a0\t", " a "], BLANK).numpy().tolist() == [True, True, False]
+    blank = tf.strings.regex_full_match(tf.constant(characters), BLANK_PATTERN).numpy()
+    assert [c for c, b in zip(characters, blank) if b != is_blank(c)] == []
+    texts = ["", " \u00a0\t", " a ", "\u200b\ufeff\u00ad", "\u200ba"]
+    assert tf.strings.regex_full_match(texts, BLANK_PATTERN).numpy().tolist() == [True, True, False, True, False]
 
 
 def test_export_never_overwrites_or_leaves_half_an_export(tmp_path):

@@ -40,6 +40,7 @@ from keras_transformer.presets import ensembles
 from keras_transformer.utils.files import move_into_place
 from keras_transformer.utils.files import reporting_full_disk
 from keras_transformer.utils.files import staging_directory
+from keras_transformer.utils.locks import locked
 
 # Keras activation names -> transformers'.
 ACTIVATIONS = {"relu": "relu", "silu": "swish", "gelu": "gelu"}
@@ -78,6 +79,8 @@ def export_marian(model, output_dir, overwrite=False):
             an activation other than ReLU, SiLU or GELU).
         FileExistsError: `output_dir` is not empty and `overwrite` is False,
             or it holds files but no Marian model.
+        DirectoryInUseError: another process writes `output_dir` (an
+            `OSError`; `keras_transformer.utils.locks`).
 
     Example:
 
@@ -96,46 +99,49 @@ def export_marian(model, output_dir, overwrite=False):
     output_dir = os.path.abspath(os.fspath(output_dir))
     if os.path.isfile(output_dir):
         raise FileExistsError(f"{output_dir!r} is a file; give a directory.")
-    if os.path.isdir(output_dir) and os.listdir(output_dir):
-        if not overwrite:
-            raise FileExistsError(f"{output_dir!r} is not empty. Choose another directory, or pass overwrite=True.")
-        # Replacing only an earlier export keeps a mistyped path (a preset,
-        # a project's own config.json) from being overwritten.
-        if not marian.is_marian(output_dir):
-            raise FileExistsError(
-                f"{output_dir!r} is not empty and holds no Marian model (a {marian.CONFIG_FILE} of "
-                "model_type 'marian'): overwrite replaces an earlier export only. Choose another directory."
-            )
-    ensembles.warn_first_model_only(model, "The Marian directory")  # a Marian model is one model
-    try:
-        from safetensors.numpy import save_file
-    except ImportError as error:
-        raise ImportError("Writing model.safetensors needs safetensors: pip install safetensors.") from error
-    with reporting_full_disk("writing the Marian model to", output_dir), staging_directory(output_dir) as staging:
-        save_file(_marian_weights(backbone, layout), os.path.join(staging, marian.SAFETENSORS_FILE),
-                  metadata={"format": "pt"})
-        files = {
-            marian.CONFIG_FILE: config,
-            marian.GENERATION_CONFIG_FILE: _generation_config(layout, config),
-            marian.TOKENIZER_CONFIG_FILE: {
-                "tokenizer_class": "MarianTokenizer",
-                "model_max_length": backbone.max_sequence_length,
-                "separate_vocabs": False,
-                "eos_token": "</s>",
-                "unk_token": "<unk>",
-                "pad_token": "<pad>",
-            },
-            "special_tokens_map.json": {"eos_token": "</s>", "unk_token": "<unk>", "pad_token": "<pad>"},
-        }
-        for name, content in files.items():
-            with open(os.path.join(staging, name), "w", encoding="utf-8") as f:
-                json.dump(content, f, indent=2, ensure_ascii=False)
-        for name, data in assets.items():
-            with open(os.path.join(staging, name), "wb") as f:
-                f.write(data)
-        # Weights of another format that an earlier export or a download
-        # left would be read instead of these by some loaders.
-        move_into_place(staging, output_dir, replaces=EARLIER_WEIGHT_FILES)
+    # One writer at a time (utils/locks.py): a second export into the
+    # directory fails at once, before it checks or writes anything.
+    with locked(output_dir, "export-marian"):
+        if os.path.isdir(output_dir) and os.listdir(output_dir):
+            if not overwrite:
+                raise FileExistsError(f"{output_dir!r} is not empty. Choose another directory, or pass overwrite=True.")
+            # Replacing only an earlier export keeps a mistyped path (a preset,
+            # a project's own config.json) from being overwritten.
+            if not marian.is_marian(output_dir):
+                raise FileExistsError(
+                    f"{output_dir!r} is not empty and holds no Marian model (a {marian.CONFIG_FILE} of "
+                    "model_type 'marian'): overwrite replaces an earlier export only. Choose another directory."
+                )
+        ensembles.warn_first_model_only(model, "The Marian directory")  # a Marian model is one model
+        try:
+            from safetensors.numpy import save_file
+        except ImportError as error:
+            raise ImportError("Writing model.safetensors needs safetensors: pip install safetensors.") from error
+        with reporting_full_disk("writing the Marian model to", output_dir), staging_directory(output_dir) as staging:
+            save_file(_marian_weights(backbone, layout), os.path.join(staging, marian.SAFETENSORS_FILE),
+                      metadata={"format": "pt"})
+            files = {
+                marian.CONFIG_FILE: config,
+                marian.GENERATION_CONFIG_FILE: _generation_config(layout, config),
+                marian.TOKENIZER_CONFIG_FILE: {
+                    "tokenizer_class": "MarianTokenizer",
+                    "model_max_length": backbone.max_sequence_length,
+                    "separate_vocabs": False,
+                    "eos_token": "</s>",
+                    "unk_token": "<unk>",
+                    "pad_token": "<pad>",
+                },
+                "special_tokens_map.json": {"eos_token": "</s>", "unk_token": "<unk>", "pad_token": "<pad>"},
+            }
+            for name, content in files.items():
+                with open(os.path.join(staging, name), "w", encoding="utf-8") as f:
+                    json.dump(content, f, indent=2, ensure_ascii=False)
+            for name, data in assets.items():
+                with open(os.path.join(staging, name), "wb") as f:
+                    f.write(data)
+            # Weights of another format that an earlier export or a download
+            # left would be read instead of these by some loaders.
+            move_into_place(staging, output_dir, replaces=EARLIER_WEIGHT_FILES)
     return output_dir
 
 

@@ -33,6 +33,8 @@ import numpy as np
 from keras_transformer.convert.marian_weights import marian_to_backbone_weights
 from keras_transformer.presets import PresetError
 from keras_transformer.presets import formats
+from keras_transformer.presets import hub
+from keras_transformer.utils.locks import locked
 
 CONFIG_FILE = "config.json"
 SAFETENSORS_FILE = "model.safetensors"
@@ -68,6 +70,7 @@ def _fetch(preset, name, required=True):
     # `get_file` downloads it into the hub's cache like the other files.
     from keras_transformer.utils.keras_hub_internals import get_file
 
+    hub.prepare(preset)  # without a network, fail within seconds
     try:
         return get_file(preset, name)
     except Exception as error:  # the hub client's errors have no common base
@@ -78,7 +81,7 @@ def _fetch(preset, name, required=True):
         if missing:
             reason = f"the hub has no {name} for {repo!r} (is the handle right?)"
         else:
-            reason = f"the Hugging Face hub could not be reached or refused it ({_root_cause(error)})"
+            reason = f"the Hugging Face hub could not be reached or refused it ({hub.unreachable(preset) or _root_cause(error)})"
         raise PresetError(f"Could not fetch {name} of {preset!r}: {reason}. " + OFFLINE_HELP.format(repo=repo)) from error
 
 
@@ -398,6 +401,8 @@ def convert(source, preset_dir, overwrite=False):
     Raises:
         FileExistsError: `preset_dir` is a file, or is not empty and
             `overwrite` is False (checked before the checkpoint is read).
+        DirectoryInUseError: another process writes `preset_dir` (an
+            `OSError`; `keras_transformer.utils.locks`).
         PresetError: `source` is not a Marian checkpoint.
 
     Example:
@@ -422,7 +427,11 @@ def convert(source, preset_dir, overwrite=False):
             "model_type 'marian', as transformers' MarianMTModel.save_pretrained writes."
         )
     model = load_task(source)
-    model.save_to_preset(preset_dir, metadata={"converted_from": os.fspath(source), "source_format": "marian"})
+    # One writer at a time (utils/locks.py): the output checked again and
+    # the preset saved under the directory's lock (which the save takes again).
+    with locked(preset_dir, "convert"):
+        _check_output(preset_dir, overwrite)
+        model.save_to_preset(preset_dir, metadata={"converted_from": os.fspath(source), "source_format": "marian"})
     return model
 
 

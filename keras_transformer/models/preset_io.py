@@ -17,6 +17,7 @@ import keras
 import keras_hub
 
 from keras_transformer.presets import formats
+from keras_transformer.presets import hub
 from keras_transformer.presets import int8
 from keras_transformer.presets.checks import check
 from keras_transformer.presets.checks import check_loaded
@@ -50,6 +51,13 @@ class PresetIO:
 
     @classmethod
     def from_preset(cls, preset, *args, **kwargs):
+        # A hub handle without a network: an error within seconds that says
+        # what to do (presets/hub.py).
+        with hub.reading(preset):
+            return cls._checked_from_preset(preset, *args, **kwargs)
+
+    @classmethod
+    def _checked_from_preset(cls, preset, *args, **kwargs):
         _check_keywords(cls, kwargs)
         _check_dtype(kwargs.get("dtype"))
         # Other libraries' checkpoints (Marian directories and hf://

@@ -60,6 +60,7 @@ from keras_transformer.presets.layout import weights_do_not_fit
 from keras_transformer.presets.registry import keras_hub_registry
 from keras_transformer.presets.registry import list_presets
 from keras_transformer.presets.registry import preset_metadata
+from keras_transformer.presets.registry import read_json_object
 from keras_transformer.presets.registry import read_metadata
 from keras_transformer.presets.registry import read_preset_file
 from keras_transformer.presets.registry import resolve

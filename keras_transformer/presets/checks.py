@@ -2,7 +2,6 @@
 name the file and the fix."""
 
 import glob
-import json
 import os
 import re
 import warnings
@@ -25,6 +24,7 @@ from keras_transformer.presets.layout import WEIGHTS_FILE
 from keras_transformer.presets.layout import PresetError
 from keras_transformer.presets.layout import weights_do_not_fit
 from keras_transformer.presets.registry import shipped_directories
+from keras_transformer.presets.registry import read_json_object
 from keras_transformer.presets.registry import resolve
 from keras_transformer.utils.files import sha256
 from keras_transformer.utils.reading import VOCABULARY_LIMIT
@@ -32,7 +32,6 @@ from keras_transformer.utils.reading import WEIGHTS_LIMIT
 from keras_transformer.utils.reading import UnreadableFileError
 from keras_transformer.utils.reading import check_regular_file
 from keras_transformer.utils.reading import read_bytes
-from keras_transformer.utils.reading import read_json
 from keras_transformer.utils.reading import read_text
 
 # Tokenizer arguments that would read a file: presets keep it in assets.
@@ -98,7 +97,7 @@ def _check_directory(directory, needs, load_weights):
     configs = {}
     for name in (CONFIG_FILE, TASK_FILE, PREPROCESSOR_FILE, TOKENIZER_FILE, METADATA_FILE):
         if os.path.exists(path(name)):
-            configs[name] = _read_json(path(name))
+            configs[name] = read_json_object(path(name))
     if METADATA_FILE not in configs and os.path.isdir(path(ENSEMBLE_DIR)):
         raise PresetError(
             f"The preset directory {directory!r} has an {ENSEMBLE_DIR}/ folder but no {METADATA_FILE}, "
@@ -113,6 +112,7 @@ def _check_directory(directory, needs, load_weights):
     for name in (CONFIG_FILE, TASK_FILE, PREPROCESSOR_FILE, TOKENIZER_FILE):
         if name in configs:
             _check_classes(path(name), configs[name])
+    _check_task_agrees(directory, configs)
     if TOKENIZER_FILE in configs:
         _check_tokenizer_config(path(TOKENIZER_FILE), configs[TOKENIZER_FILE])
         vocabulary = _check_tokenizer_assets(directory, configs[TOKENIZER_FILE])
@@ -123,19 +123,33 @@ def _check_directory(directory, needs, load_weights):
         _check_weights(directory, _checksums(directory, metadata), metadata or {})
 
 
-def _read_json(path):
-    try:
-        config = read_json(path)
-    except UnreadableFileError as error:
-        raise PresetError(str(error)) from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as error:
-        raise PresetError(
-            f"The preset file {path!r} is corrupt (not valid JSON: {error}). "
-            "Save the model again with `save_to_preset`, or copy the file again."
-        ) from error
-    if not isinstance(config, dict):
-        raise PresetError(f"The preset file {path!r} is corrupt: it holds no JSON object.")
-    return config
+def _check_task_agrees(directory, configs):
+    """A task loads from task.json, which holds its backbone's and its
+    preprocessor's configs again: they must be those of config.json and
+    preprocessor.json, or an edit of one file would be read by some
+    loaders (and checks) and not by others. The error names both files and
+    the setting they differ in."""
+    task = configs.get(TASK_FILE, {}).get("config")
+    for name, key in ((CONFIG_FILE, "backbone"), (PREPROCESSOR_FILE, "preprocessor")):
+        inner = (task or {}).get(key) if isinstance(task, dict) else None
+        inner = inner.get("config") if isinstance(inner, dict) else None
+        outer = configs.get(name, {}).get("config")
+        if not isinstance(inner, dict) or not isinstance(outer, dict):
+            continue
+        # (The tokenizer's config is tokenizer.json's, checked with its vocabulary.)
+        differ = sorted(k for k in {*inner, *outer} - {"tokenizer"} if inner.get(k, _ABSENT) != outer.get(k, _ABSENT))
+        if differ:
+            shown = lambda config: "absent" if differ[0] not in config else repr(config[differ[0]])  # noqa: E731
+            raise PresetError(
+                f"The preset directory {directory!r} describes its model twice, in {TASK_FILE} and in {name}, "
+                f"and they differ: {differ[0]} is {shown(inner)} in {TASK_FILE} but {shown(outer)} in {name}"
+                + (f" (and {len(differ) - 1} more settings differ)" if len(differ) > 1 else "")
+                + ". One of the files was edited: make them agree (restore the edited file, or copy the "
+                "preset again), or save the model again."
+            )
+
+
+_ABSENT = object()
 
 
 def _check_classes(path, config):
@@ -222,7 +236,7 @@ def _check_weights(directory, checksums, metadata):
         _check_int8_index(index)
         files = [os.path.join(directory, INT8_WEIGHTS_FILE)]
     elif os.path.exists(index):
-        files = sorted(set(_flatten(_read_json(index).get("weight_map", {}).values())))
+        files = sorted(set(_flatten(read_json_object(index).get("weight_map", {}).values())))
         files = [os.path.join(directory, name) for name in files]
     else:
         files = [os.path.join(directory, WEIGHTS_FILE)]
@@ -266,7 +280,7 @@ def _check_int8_index(index):
             f"{SHARDED_WEIGHTS_INDEX} (the index they load by): it is incomplete. Copy the preset "
             "again, or save the model again."
         )
-    storage = _read_json(index).get(STORAGE_KEY)
+    storage = read_json_object(index).get(STORAGE_KEY)
     if storage != "int8":
         raise PresetError(
             f"The preset file {index!r} is corrupt: it gives {STORAGE_KEY}={storage!r} for weights "
@@ -289,7 +303,7 @@ def weights_count(directory):
 
     index = os.path.join(directory, SHARDED_WEIGHTS_INDEX)
     if os.path.exists(index):
-        names = sorted(set(_flatten(_read_json(index).get("weight_map", {}).values())))
+        names = sorted(set(_flatten(read_json_object(index).get("weight_map", {}).values())))
     else:
         names = [WEIGHTS_FILE]
     count = 0
@@ -342,7 +356,7 @@ def _check_tokenizer_assets(directory, tokenizer_config):
     for file in files:
         _check_regular(file, VOCABULARY_LIMIT)
         if os.path.basename(file) == "vocab.json":  # a Marian tokenizer's ids
-            vocabulary = _read_json(file)
+            vocabulary = read_json_object(file)
             size = (file, max(map(int, vocabulary.values()), default=-1) + 1)
         elif file.endswith(".spm") and "WordPiece" not in class_name:
             pieces = _check_sentencepiece(file)

@@ -1,14 +1,18 @@
 """The presets shipped inside the package, by name, and reading a preset's
 JSON files by name, directory or handle."""
 
+import json
 import os
 import warnings
 
+from keras_transformer.presets.hub import reading
 from keras_transformer.presets.layout import CONFIG_FILE
 from keras_transformer.presets.layout import ENSEMBLE_KEY
 from keras_transformer.presets.layout import METADATA_FILE
 from keras_transformer.presets.layout import PRESETS_DIR
 from keras_transformer.presets.layout import TOKENIZER_FILE
+from keras_transformer.presets.layout import PresetError
+from keras_transformer.utils.reading import UnreadableFileError
 from keras_transformer.utils.reading import read_json
 
 
@@ -22,12 +26,43 @@ def shipped_directories():
     }
 
 
+def read_json_object(path, what="preset file", fix=None):
+    """The JSON object (a dict) in the file `path`, read within
+    `utils.reading`'s bounds; a `PresetError` that names the file when it
+    cannot be read so, is not valid JSON, or holds another type (a list, a
+    string), saying what the file is (`what`) and what to do (`fix`; by
+    default, for a preset's file, copy or save it again).
+
+    >>> import os, tempfile
+    >>> path = os.path.join(tempfile.mkdtemp(), "metadata.json")
+    >>> _ = open(path, "w").write("[1, 2]")
+    >>> read_json_object(path)  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    keras_transformer.presets.layout.PresetError: The preset file '...metadata.json' holds a JSON list, not ...
+    """
+    fix = fix or "Copy the preset again, or save the model again with `save_to_preset`."
+    try:
+        content = read_json(path)
+    except UnreadableFileError as error:
+        raise PresetError(str(error)) from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+        raise PresetError(f"The {what} {path!r} is corrupt (not valid JSON: {error}). {fix}") from error
+    if not isinstance(content, dict):
+        kind = {list: "list", str: "string", int: "number", float: "number", bool: "boolean"}.get(type(content), "null")
+        raise PresetError(
+            f"The {what} {path!r} holds a JSON {kind}, not the object (the {{...}} of keys and values) it "
+            f"must be: it was edited or made by hand. {fix}"
+        )
+    return content
+
+
 def read_metadata(directory):
     """The `metadata.json` of a preset directory as a dict (empty if absent)."""
     path = os.path.join(directory, METADATA_FILE)
     if not os.path.exists(path):
         return {}
-    return read_json(path)
+    return read_json_object(path)
 
 
 def preset_metadata(preset):
@@ -51,14 +86,17 @@ def read_preset_file(preset, name):
         from keras_transformer.utils.keras_hub_internals import get_file
 
         try:
-            path = get_file(preset, name)
+            with reading(preset):  # without a network, a PresetError within seconds
+                path = get_file(preset, name)
+        except PresetError:
+            raise
         except Exception as error:
             raise FileNotFoundError(f"Could not read {name} of preset {preset!r}: {error}") from error
     else:
         raise FileNotFoundError(f"{preset!r} is neither a preset directory, a shipped preset nor a handle.")
     if not os.path.exists(path):
         raise FileNotFoundError(f"Preset {preset!r} has no {name}.")
-    return read_json(path)
+    return read_json_object(path)
 
 
 def sentencepiece_presets(presets):

@@ -25,6 +25,7 @@ from keras_transformer.utils.files import move_into_place
 from keras_transformer.utils.files import reporting_full_disk
 from keras_transformer.utils.files import sha256
 from keras_transformer.utils.files import staging_directory
+from keras_transformer.utils.locks import locked
 
 _saving = threading.local()
 
@@ -38,6 +39,9 @@ def saving(preset_dir, metadata=None, replaces=PRESET_ENTRIES):
     `preset_dir` is left exactly as it was and the partial files are
     deleted. Nested saves (a task saving its backbone) write into the outer
     save's directory, merging their `metadata` into the metadata.json there.
+    The save holds `preset_dir`'s lock (`keras_transformer.utils.locks`):
+    a save into a directory that another writer holds is a
+    `DirectoryInUseError`.
 
     Args:
         preset_dir: where the preset goes.
@@ -61,15 +65,18 @@ def saving(preset_dir, metadata=None, replaces=PRESET_ENTRIES):
     preset_dir = os.path.abspath(os.path.expanduser(os.fspath(preset_dir)))
     if os.path.exists(preset_dir) and not os.path.isdir(preset_dir):
         raise PresetError(f"Cannot save a preset to {preset_dir!r}: it is a file, not a directory.")
-    _check_replaceable(preset_dir)
-    _saving.active = True
-    try:
-        with reporting_full_disk("saving the preset to", preset_dir), staging_directory(preset_dir, "saving") as staging:
-            yield staging
-            _record(staging, metadata, preset_dir)
-            move_into_place(staging, preset_dir, replaces)
-    finally:
-        _saving.active = False
+    # One writer at a time (utils/locks.py): a second save into the
+    # directory fails at once rather than mixing its files with the first's.
+    with locked(preset_dir, "save_to_preset"):
+        _check_replaceable(preset_dir)
+        _saving.active = True
+        try:
+            with reporting_full_disk("saving the preset to", preset_dir), staging_directory(preset_dir, "saving") as staging:
+                yield staging
+                _record(staging, metadata, preset_dir)
+                move_into_place(staging, preset_dir, replaces)
+        finally:
+            _saving.active = False
 
 
 def _check_replaceable(preset_dir):

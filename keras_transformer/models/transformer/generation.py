@@ -16,6 +16,7 @@ from keras_transformer.decoding.settings import SAMPLINGS
 from keras_transformer.decoding.settings import DecodingSettings
 from keras_transformer.decoding.settings import check_int
 from keras_transformer.models.transformer.seq2seq_lm_preprocessor import source_texts
+from keras_transformer.utils.text import is_blank
 
 
 def generate(
@@ -102,7 +103,7 @@ def target_prefix_ids(preprocessor, target_prefix):
         return target_prefix
     if preprocessor is None:
         raise ValueError("target_prefix as text needs the model's preprocessor (its tokenizer); give token ids.")
-    if not target_prefix.strip():
+    if is_blank(target_prefix):
         raise ValueError("target_prefix is blank text; give the text (or token ids) the outputs start with.")
     return [int(token) for token in ops.convert_to_numpy(preprocessor.tokenizer(target_prefix))]
 

@@ -14,6 +14,7 @@ from keras_transformer.models.transformer.text_checks import text_list
 from keras_transformer.models.transformer.text_checks import too_long
 from keras_transformer.models.transformer.tokenizer import TransformerTokenizer
 from keras_transformer.utils.keras_hub_internals import preprocessing_function
+from keras_transformer.utils.text import is_blank
 
 
 @keras.saving.register_keras_serializable(package="keras_transformer")
@@ -111,11 +112,12 @@ class TransformerSeq2SeqLMPreprocessor(PresetIO, keras_hub.models.Seq2SeqLMPrepr
 
         Returns:
             One list of ids per text (start and end tokens as the vocabulary
-            frames sources); `[]` for an empty or blank text.
+            frames sources); `[]` for a blank text (`utils.text.is_blank`:
+            empty, whitespace or invisible format characters).
         """
         special = self.special_token_ids
         sources = [[] for _ in texts]
-        kept = [i for i, text in enumerate(texts) if text.strip()]
+        kept = [i for i, text in enumerate(texts) if not is_blank(text)]
         # All texts in one tokenizer call (SentencePiece encodes a list at
         # once): one call a text took 6% of a batch of 64's translation.
         pieces = token_id_lists(self.tokenizer.tokenize, [texts[i] for i in kept])
