@@ -6,7 +6,7 @@ Runs the same code on JAX, TensorFlow and PyTorch. Modules follow the paper:
 `decoding`, `callbacks` and `metrics` (section 6.1). `presets` lists the
 pretrained models shipped with the package; `export` writes a TensorFlow
 SavedModel that translates strings; `convert` reads and writes Marian
-(opus-mt) checkpoints.
+(opus-mt) checkpoints and reads M2M100 and NLLB-200 ones.
 
 The modules are imported on first use (`keras_transformer.models`, or
 `from keras_transformer import models`): importing the package alone imports
@@ -31,7 +31,7 @@ _MODULES = (
 # other libraries' checkpoint formats, which `from_preset` converts on
 # loading; each registers its loader when imported (`presets/formats.py`).
 CLASS_MODULES = ("keras_transformer.models",)
-FORMAT_MODULES = ("keras_transformer.convert.marian",)
+FORMAT_MODULES = ("keras_transformer.convert.marian", "keras_transformer.convert.m2m100")
 
 
 def __getattr__(name):

@@ -1,5 +1,6 @@
 """The command line's decoding options (`translate`, `evaluate`): the
-search's settings, a forced target prefix, and sampling, as `generate`
+search's settings, a forced target prefix, the languages of multilingual
+models, and sampling, as `generate`
 takes them."""
 
 from keras_transformer.utils import arguments
@@ -13,6 +14,12 @@ def add_decoding_options(p):
                    "ranks beams (default: gnmt)")
     p.add_argument("--target-prefix", metavar="TEXT", help="start every translation with TEXT, forced at the "
                    "first steps (the search continues from it)")
+    p.add_argument("--source-language", "--from", dest="source_language", metavar="CODE",
+                   help="multilingual models (M2M100, NLLB-200): the language of the sources, as the model "
+                   "names it (__de__, deu_Latn) or an ISO code (de, deu)")
+    p.add_argument("--target-language", "--to", dest="target_language", metavar="CODE",
+                   help="multilingual models (M2M100, NLLB-200, opus-mt with >>xx<< tokens): the language "
+                   "to translate into")
     p.add_argument("--sampling", choices=("top_k", "top_p"), help="draw each translation from the model's "
                    "distribution instead of searching (--beam-size and --alpha do not apply)")
     p.add_argument("--top-k", type=arguments.positive_int, default=50, help="top_k: draw among the K most "
@@ -33,4 +40,5 @@ def decoding_options(args):
         decoding = dict(sampler="greedy")
     else:
         decoding = dict(beam_size=args.beam_size, alpha=args.alpha, length_penalty=args.length_penalty)
-    return {**decoding, "target_prefix": args.target_prefix}
+    languages = {"source_language": args.source_language, "target_language": args.target_language}
+    return {**decoding, "target_prefix": args.target_prefix, **languages}

@@ -1,10 +1,11 @@
 """The command line's commands that write a model out in another format:
-`export` (a TensorFlow SavedModel), `convert` (a Marian checkpoint to a
-preset) and `export-marian` (a preset to a Marian checkpoint).
+`export` (a TensorFlow SavedModel), `convert` (a Marian, M2M100 or
+NLLB-200 checkpoint to a preset) and `export-marian` (a preset to a Marian checkpoint).
 
     keras-transformer export --preset transformer_multi30k_en_de exported/en-de
     keras-transformer export --quantize int8 exported/en-de-int8
     keras-transformer convert hf://Helsinki-NLP/opus-mt-en-de opus-mt-en-de
+    keras-transformer convert hf://facebook/nllb-200-distilled-600M nllb-200-600M
     keras-transformer export-marian transformer_multi30k_en_de marian/en-de
 """
 
@@ -77,20 +78,27 @@ def _export(args):
 def _add_convert(subparsers):
     p = subparsers.add_parser(
         "convert",
-        help="Convert a Marian (opus-mt) checkpoint into a preset of this package.",
-        description="Read a Marian model as transformers saves it (a directory with config.json, "
-        "model.safetensors or pytorch_model.bin, source.spm, target.spm and vocab.json, or an hf:// "
-        "handle such as hf://Helsinki-NLP/opus-mt-en-de) and save it as a preset directory.",
+        help="Convert a Marian (opus-mt), M2M100 or NLLB-200 checkpoint into a preset of this package.",
+        description="Read a model as transformers saves it (a directory with config.json, "
+        "model.safetensors or pytorch_model.bin and the tokenizer files, or an hf:// handle such as "
+        "hf://Helsinki-NLP/opus-mt-en-de, hf://facebook/m2m100_418M or "
+        "hf://facebook/nllb-200-distilled-600M) and save it as a preset directory.",
     )
-    p.add_argument("source", help="the Marian directory or hf:// handle")
+    p.add_argument("source", help="the checkpoint's directory or hf:// handle")
     p.add_argument("output_dir", help="the preset directory to write (must be empty or absent)")
     p.add_argument("--overwrite", action="store_true", help="replace an earlier preset in the output directory")
 
 
 def _convert(args):
+    from keras_transformer.convert import convert_m2m100
     from keras_transformer.convert import convert_marian
+    from keras_transformer.convert.marian import read_config
 
-    convert_marian(args.source, args.output_dir, overwrite=args.overwrite)
+    # Marian's converter explains what is not a transformers checkpoint;
+    # the m2m_100 one refuses the model types no converter reads.
+    model_type = (read_config(args.source) or {}).get("model_type")
+    convert = convert_marian if model_type in (None, "marian") else convert_m2m100
+    convert(args.source, args.output_dir, overwrite=args.overwrite)
     print(f"Wrote the preset to {args.output_dir}")
 
 

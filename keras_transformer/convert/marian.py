@@ -55,16 +55,17 @@ OFFLINE_HELP = (
 # === Reading a Marian directory or hub handle ===
 
 
-def _fetch(preset, name, required=True):
-    """The local path of file `name` of a Marian preset (downloaded for a
-    handle), or None when an optional file is absent."""
+def fetch_file(preset, name, required=True):
+    """The local path of file `name` of a transformers checkpoint (a
+    directory, or an `hf://` handle: downloaded), or None when an optional
+    file is absent."""
     preset = os.fspath(preset)
     if "://" not in preset:
         path = os.path.join(preset, name)
         if os.path.isfile(path):
             return path
         if required:
-            raise PresetError(f"The Marian model directory {preset!r} has no {name}.")
+            raise PresetError(f"The model directory {preset!r} has no {name}.")
         return None
     # keras-hub has no public call that fetches one file of a handle; its
     # `get_file` downloads it into the hub's cache like the other files.
@@ -121,7 +122,7 @@ def read_config(preset):
         return None
     if "://" in preset and not preset.startswith("hf://"):
         return None
-    path = _fetch(preset, CONFIG_FILE)
+    path = fetch_file(preset, CONFIG_FILE)
     try:
         with open(path, encoding="utf-8") as f:
             config = json.load(f)
@@ -185,9 +186,10 @@ def backbone_config(config):
     }
 
 
-def read_state_dict(preset):
-    """The checkpoint's tensors as NumPy arrays, `model.` prefixes dropped."""
-    path = _fetch(preset, SAFETENSORS_FILE, required=False)
+def read_state_dict(preset, family="Marian"):
+    """The checkpoint's tensors as NumPy arrays, `model.` prefixes dropped
+    (`family` names the checkpoint's kind in errors)."""
+    path = fetch_file(preset, SAFETENSORS_FILE, required=False)
     if path is not None:
         try:
             from safetensors.numpy import load_file
@@ -198,9 +200,9 @@ def read_state_dict(preset):
             ) from error
         tensors = load_file(path)
     else:
-        path = _fetch(preset, PYTORCH_FILE, required=False)
+        path = fetch_file(preset, PYTORCH_FILE, required=False)
         if path is None:
-            raise PresetError(f"The Marian model {os.fspath(preset)!r} has neither {SAFETENSORS_FILE} nor {PYTORCH_FILE}.")
+            raise PresetError(f"The {family} model {os.fspath(preset)!r} has neither {SAFETENSORS_FILE} nor {PYTORCH_FILE}.")
         try:
             import torch
         except ImportError as error:
@@ -214,7 +216,7 @@ def read_state_dict(preset):
 
 def check_tokenizer_files(preset):
     """Refuses the opus models this package cannot tokenize."""
-    tokenizer_config = _fetch(preset, TOKENIZER_CONFIG_FILE, required=False)
+    tokenizer_config = fetch_file(preset, TOKENIZER_CONFIG_FILE, required=False)
     if tokenizer_config is not None:
         with open(tokenizer_config, encoding="utf-8") as f:
             if json.load(f).get("separate_vocabs"):
@@ -224,7 +226,7 @@ def check_tokenizer_files(preset):
                 )
     for name in (SOURCE_SPM, TARGET_SPM, VOCABULARY_JSON):
         try:
-            _fetch(preset, name)
+            fetch_file(preset, name)
         except PresetError as error:
             if "Could not fetch" in str(error) and not _is_missing_file(error.__cause__):
                 raise
@@ -244,7 +246,7 @@ def load_tokenizer(preset, **kwargs):
     from keras_transformer.models.transformer.marian_tokenizer import MarianTokenizer
 
     check_tokenizer_files(preset)
-    files = [_fetch(preset, name) for name in (SOURCE_SPM, TARGET_SPM, VOCABULARY_JSON)]
+    files = [fetch_file(preset, name) for name in (SOURCE_SPM, TARGET_SPM, VOCABULARY_JSON)]
     try:
         tokenizer = MarianTokenizer(*files, **kwargs)
         source_start = _source_start_token(read_config(preset) or {}, tokenizer)
@@ -412,7 +414,7 @@ def convert(source, preset_dir, overwrite=False):
     convert_marian("hf://Helsinki-NLP/opus-mt-en-de", "opus-mt-en-de")
     ```
     """
-    _check_output(preset_dir, overwrite)
+    check_output_dir(preset_dir, overwrite)
     if not is_marian(source):
         path = os.fspath(source)
         if "://" not in path and not os.path.exists(path):
@@ -435,7 +437,7 @@ def convert(source, preset_dir, overwrite=False):
     return model
 
 
-def _check_output(preset_dir, overwrite):
+def check_output_dir(preset_dir, overwrite):
     """As `export` and `export_marian` do: a non-empty directory is the
     user's, replaced only when they say so."""
     path = os.path.abspath(os.path.expanduser(os.fspath(preset_dir)))

@@ -59,7 +59,7 @@ def first_decoder_input_shift(state, d_model):
 # === Weights: Marian names <-> backbone variables ===
 
 
-def _layer_names(prefix, index, decoder):
+def layer_names(prefix, index, decoder):
     """(Marian module, package layer path) pairs of one layer's parts."""
     ours = f"{'decoder' if decoder else 'encoder'}_layer_{index}"
     theirs = f"{'decoder' if decoder else 'encoder'}.layers.{index}"
@@ -103,16 +103,16 @@ def marian_to_backbone_weights(state, backbone, decoder_start_id=None):
     weights["token_embedding/logits_bias"] = bias.reshape(-1)
     for decoder in (False, True):
         for i in range(backbone.num_layers):
-            for theirs, ours, kind in _layer_names("", i, decoder):
-                weights.update(_to_ours(state, theirs, ours, kind, perm, h))
+            for theirs, ours, kind in layer_names("", i, decoder):
+                weights.update(to_ours(state, theirs, ours, kind, perm, h))
     return weights
 
 
-def _to_ours(state, theirs, ours, kind, perm, h):
+def to_ours(state, theirs, ours, kind, perm, h):
     def take(name):
         key = f"{theirs}.{name}"
         if key not in state:
-            raise PresetError(f"The Marian checkpoint has no {key}: it is incomplete or not a Marian model.")
+            raise PresetError(f"The checkpoint has no {key}: it is incomplete, or not of the model type its config.json names.")
         return state[key]
 
     if kind == "norm":
@@ -148,7 +148,7 @@ def backbone_to_marian_weights(backbone):
     }
     for decoder in (False, True):
         for i in range(backbone.num_layers):
-            for theirs, ours, kind in _layer_names("", i, decoder):
+            for theirs, ours, kind in layer_names("", i, decoder):
                 state.update(_to_theirs(values, f"model.{theirs}", ours, kind, inverse))
     return {name: np.ascontiguousarray(value, "float32") for name, value in state.items()}
 

@@ -4,6 +4,7 @@ from keras_transformer.models.transformer import CONFIGS
 from keras_transformer.models.transformer import PAPER_CONFIGS
 from keras_transformer.models.transformer import PAPER_TABLE3
 from keras_transformer.models.transformer import PAPER_VOCABULARY_SIZE
+from keras_transformer.models.transformer import M2M100Tokenizer
 from keras_transformer.models.transformer import MarianTokenizer
 from keras_transformer.models.transformer import SpecialTokenIds
 from keras_transformer.models.transformer import TransformerBackbone
@@ -19,6 +20,7 @@ __all__ = [
     "PAPER_CONFIGS",
     "PAPER_TABLE3",
     "PAPER_VOCABULARY_SIZE",
+    "M2M100Tokenizer",
     "MarianTokenizer",
     "SpecialTokenIds",
     "TransformerBackbone",

@@ -3,6 +3,7 @@ from keras_transformer.models.transformer.configs import CONFIGS
 from keras_transformer.models.transformer.configs import PAPER_CONFIGS
 from keras_transformer.models.transformer.configs import PAPER_TABLE3
 from keras_transformer.models.transformer.configs import PAPER_VOCABULARY_SIZE
+from keras_transformer.models.transformer.m2m100_tokenizer import M2M100Tokenizer
 from keras_transformer.models.transformer.marian_tokenizer import MarianTokenizer
 from keras_transformer.models.transformer.seq2seq_lm import TransformerSeq2SeqLM
 from keras_transformer.models.transformer.seq2seq_lm_preprocessor import (

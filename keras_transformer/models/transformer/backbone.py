@@ -16,24 +16,14 @@ from keras_transformer.layers.position import SinusoidalPositionEncoding
 from keras_transformer.runtime.torch_decoding_step import cross_attention_cache
 from keras_transformer.runtime.torch_decoding_step import decoder_step
 from keras_transformer.models.preset_io import PresetIO
+from keras_transformer.models.transformer.backbone_inputs import KERAS_HUB_NAMES
+from keras_transformer.models.transformer.backbone_inputs import check_inputs
 from keras_transformer.presets import int8
 from keras_transformer.presets.layout import INT8_WEIGHTS_FILE
 from keras_transformer.utils.arguments import check_model_keywords
 
-POSITION_ENCODINGS = ("sinusoidal", "learned")
-
-# keras-hub's encoder-decoder backbones (BART, T5) name some of the
-# arguments otherwise; a model built with one of their names is refused
-# with this package's name for it.
-KERAS_HUB_NAMES = {
-    "hidden_dim": "d_model",
-    "intermediate_dim": "d_ff",
-    "num_encoder_layers": "num_layers",
-    "num_decoder_layers": "num_layers",
-    "key_value_dim": "key_dim",
-    "dropout_rate": "dropout",
-}
-
+# "fairseq_sinusoidal": the sinusoids of fairseq checkpoints (M2M100, NLLB).
+POSITION_ENCODINGS = ("sinusoidal", "learned", "fairseq_sinusoidal")
 
 @keras.saving.register_keras_serializable(package="keras_transformer")
 class TransformerBackbone(PresetIO, keras_hub.models.Backbone):
@@ -63,8 +53,11 @@ class TransformerBackbone(PresetIO, keras_hub.models.Backbone):
         dropout: P_drop, on embeddings + positions and on every sub-layer
             output.
         attention_dropout: dropout on attention weights (the paper: 0).
-        position_encoding: `"sinusoidal"` (the paper) or `"learned"`
-            (Table 3 row E).
+        position_encoding: `"sinusoidal"` (the paper), `"learned"`
+            (Table 3 row E), or `"fairseq_sinusoidal"` (sines then cosines,
+            as fairseq's M2M100 and NLLB checkpoints).
+        position_offset: the position of the first token of the
+            sinusoids (the paper: 0; fairseq: padding id + 1).
         max_sequence_length: longest source or target sequence; the size of
             the learned position tables, and the limit checked when
             translating.
@@ -121,6 +114,7 @@ class TransformerBackbone(PresetIO, keras_hub.models.Backbone):
         attention_dropout=0.0,
         position_encoding="sinusoidal",
         max_sequence_length=1024,
+        position_offset=0,
         normalize_first=False,
         layer_norm_epsilon=1e-5,
         activation="relu",
@@ -135,6 +129,8 @@ class TransformerBackbone(PresetIO, keras_hub.models.Backbone):
                 f"Unknown position_encoding={position_encoding!r}; "
                 f"expected one of {POSITION_ENCODINGS}."
             )
+        if position_offset and position_encoding == "learned":
+            raise ValueError("position_offset is for sinusoidal encodings; learned positions start at 0.")
         check_heads(d_model, num_heads, key_dim)
         # === Layers ===
         self.token_embedding = SharedTokenEmbedding(
@@ -145,9 +141,12 @@ class TransformerBackbone(PresetIO, keras_hub.models.Backbone):
             dtype=dtype,
             name="token_embedding",
         )
-        if position_encoding == "sinusoidal":
+        if position_encoding != "learned":
             # The sinusoids have no weights: one layer serves both stacks.
-            self.encoder_position = SinusoidalPositionEncoding(dtype=dtype, name="position_encoding")
+            style = "fairseq" if position_encoding == "fairseq_sinusoidal" else "paper"
+            self.encoder_position = SinusoidalPositionEncoding(
+                style=style, offset=position_offset, dtype=dtype, name="position_encoding"
+            )
             self.decoder_position = self.encoder_position
         else:
             self.encoder_position, self.decoder_position = (
@@ -225,6 +224,7 @@ class TransformerBackbone(PresetIO, keras_hub.models.Backbone):
         self.attention_dropout = attention_dropout
         self.position_encoding = position_encoding
         self.max_sequence_length = max_sequence_length
+        self.position_offset = position_offset
         self.normalize_first = normalize_first
         self.layer_norm_epsilon = layer_norm_epsilon
         self.activation = keras.activations.serialize(keras.activations.get(activation))
@@ -232,7 +232,7 @@ class TransformerBackbone(PresetIO, keras_hub.models.Backbone):
         self.output_bias = output_bias
 
     def call(self, inputs, training=None, mask=None):
-        _check_inputs(inputs)
+        check_inputs(inputs)
         return super().call(inputs, training=training, mask=mask)
 
     def embed(self, token_ids, position_layer, dropout_layer, start_index=0, training=None):
@@ -384,6 +384,7 @@ class TransformerBackbone(PresetIO, keras_hub.models.Backbone):
                 "attention_dropout": self.attention_dropout,
                 "position_encoding": self.position_encoding,
                 "max_sequence_length": self.max_sequence_length,
+                "position_offset": self.position_offset,
                 "normalize_first": self.normalize_first,
                 "layer_norm_epsilon": self.layer_norm_epsilon,
                 "activation": self.activation,
@@ -394,14 +395,6 @@ class TransformerBackbone(PresetIO, keras_hub.models.Backbone):
         return config
 
 
-INPUT_NAMES = (
-    "encoder_token_ids",
-    "encoder_padding_mask",
-    "decoder_token_ids",
-    "decoder_padding_mask",
-)
-
-
 def check_heads(d_model, num_heads, key_dim=None):
     """Refuses `num_heads` that do not divide `d_model` (without `key_dim`)."""
     if key_dim is None and d_model % num_heads:
@@ -409,38 +402,3 @@ def check_heads(d_model, num_heads, key_dim=None):
             f"d_model={d_model} is not divisible by num_heads={num_heads}. Pass key_dim (d_k) and value_dim "
             "(d_v), or choose num_heads dividing d_model."
         )
-
-
-def _check_inputs(inputs):
-    """Clear errors for the mistakes the functional model would hide or
-    report far from their cause: a missing key, float ids, a wrong rank."""
-    if not isinstance(inputs, dict):
-        raise TypeError(
-            f"TransformerBackbone takes a dict with keys {INPUT_NAMES}, "
-            f"got {type(inputs).__name__}."
-        )
-    missing = [name for name in INPUT_NAMES if name not in inputs]
-    if missing:
-        raise KeyError(
-            f"TransformerBackbone inputs lack {missing}; expected the keys {INPUT_NAMES}."
-        )
-    for name in INPUT_NAMES:
-        value = inputs[name]
-        shape = tuple(value.shape)
-        if len(shape) != 2:
-            raise ValueError(
-                f"`{name}` must have rank 2, (batch, length); got shape {shape}."
-            )
-        dtype = keras.backend.standardize_dtype(value.dtype)
-        if name.endswith("token_ids") and "int" not in dtype:
-            raise TypeError(
-                f"`{name}` must hold integer token ids, got dtype {dtype}. "
-                "Tokenize the text and pass int32 or int64 ids."
-            )
-    for side in ("encoder", "decoder"):
-        ids, mask = inputs[f"{side}_token_ids"], inputs[f"{side}_padding_mask"]
-        if None not in ids.shape and None not in mask.shape and tuple(ids.shape) != tuple(mask.shape):
-            raise ValueError(
-                f"`{side}_padding_mask` has shape {tuple(mask.shape)} but "
-                f"`{side}_token_ids` has shape {tuple(ids.shape)}; they must match."
-            )

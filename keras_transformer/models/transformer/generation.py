@@ -15,6 +15,8 @@ from keras_transformer.decoding.settings import MAX_BATCH_SIZE
 from keras_transformer.decoding.settings import SAMPLINGS
 from keras_transformer.decoding.settings import DecodingSettings
 from keras_transformer.decoding.settings import check_int
+from keras_transformer.models.transformer.languages import model_languages
+from keras_transformer.models.transformer.languages import with_languages
 from keras_transformer.models.transformer.seq2seq_lm_preprocessor import source_texts
 from keras_transformer.utils.text import is_blank
 
@@ -39,6 +41,8 @@ def generate(
     top_p,
     temperature,
     seed,
+    source_language=None,
+    target_language=None,
 ):
     """`model.generate(inputs, ...)`: its arguments and their meaning are
     those of `TransformerSeq2SeqLM.generate`; `task_class` is the class
@@ -59,6 +63,7 @@ def generate(
             "use sampler='beam'."
         )
     check_int("batch_size", batch_size, minimum=1, maximum=MAX_BATCH_SIZE)
+    inputs, target_prefix = _with_languages(model, inputs, source_language, target_language, target_prefix)
     if sampler in ("greedy", *SAMPLINGS) and num_results > 1:
         what = "Greedy decoding" if sampler == "greedy" else "Sampling"
         raise ValueError(f"{what} gives one result; num_results={num_results} needs sampler='beam'.")
@@ -89,6 +94,21 @@ def generate(
     else:
         outputs = decode([result[0][0] if result else [] for result in results])
     return outputs[0] if single else outputs
+
+
+def _with_languages(model, inputs, source_language, target_language, target_prefix):
+    """`generate`'s inputs and target prefix with the chosen languages
+    where the model reads them (`languages.with_languages`)."""
+    tokenizer = getattr(model.preprocessor, "tokenizer", None)
+    if source_language is None and target_language is None and not model_languages(tokenizer):
+        return inputs, target_prefix
+    if isinstance(inputs, dict) and set(inputs) == {"encoder_text"}:
+        inputs = inputs["encoder_text"]
+    if isinstance(inputs, dict):  # token ids: the languages are the ids'
+        return inputs, with_languages(tokenizer, [], source_language, target_language, target_prefix)[1]
+    texts, single = source_texts(inputs)
+    texts, target_prefix = with_languages(tokenizer, texts, source_language, target_language, target_prefix)
+    return (texts[0] if single else texts), target_prefix
 
 
 def target_prefix_ids(preprocessor, target_prefix):

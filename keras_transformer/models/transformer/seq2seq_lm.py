@@ -24,6 +24,7 @@ from keras_transformer.models.transformer.in_memory_data import IN_MEMORY
 from keras_transformer.models.transformer.in_memory_data import check_in_memory
 from keras_transformer.models.transformer.in_memory_data import check_validation_data
 from keras_transformer.models.transformer.in_memory_data import shuffled_batches
+from keras_transformer.models.transformer.languages import model_languages
 from keras_transformer.models.transformer.seq2seq_lm_preprocessor import (
     TransformerSeq2SeqLMPreprocessor,
 )
@@ -340,6 +341,8 @@ class TransformerSeq2SeqLM(EnsembleMembers, PresetIO, keras_hub.models.Seq2SeqLM
         top_p=0.9,
         temperature=1.0,
         seed=0,
+        source_language=None,
+        target_language=None,
     ):
         """Translates sources with the key/value cache (section 6.1).
 
@@ -386,6 +389,12 @@ class TransformerSeq2SeqLM(EnsembleMembers, PresetIO, keras_hub.models.Seq2SeqLM
             top_k, top_p, temperature, seed: the sampling's settings
                 (`sampler="top_k"` or `"top_p"`); a source's sample is a
                 function of the source and the seed.
+            source_language, target_language: for multilingual models
+                (M2M100, NLLB-200; opus-mt's `>>xx<<` target tokens): a
+                code as the model names it (`"__de__"`, `"deu_Latn"`) or an
+                ISO 639-1 / 639-3 code naming one (`"de"`, `"deu"`); see
+                `languages`. The target code is forced first (before
+                `target_prefix`); without it, the tokenizer's own.
 
         Returns:
             For string inputs, strings; for token ids, lists of ids. With
@@ -398,7 +407,23 @@ class TransformerSeq2SeqLM(EnsembleMembers, PresetIO, keras_hub.models.Seq2SeqLM
             max_length_offset=max_length_offset, num_results=num_results, return_scores=return_scores,
             batch_size=batch_size, verbose=verbose, length_penalty=length_penalty, ensemble=ensemble,
             target_prefix=target_prefix, top_k=top_k, top_p=top_p, temperature=temperature, seed=seed,
+            source_language=source_language, target_language=target_language,
         )
+
+    @property
+    def languages(self):
+        """The language codes a multilingual model translates between, as
+        it names them (`["__af__", ...]`, `["ace_Arab", ...]`); `[]` for a
+        model of one language pair.
+
+        Example:
+
+        ```python
+        model = TransformerSeq2SeqLM.from_preset("hf://facebook/nllb-200-distilled-600M")
+        len(model.languages)  # 202
+        ```
+        """
+        return model_languages(getattr(self.preprocessor, "tokenizer", None))
 
     def target_prefix_ids(self, target_prefix):
         """`generate`'s `target_prefix` as token ids: ids as they are, text

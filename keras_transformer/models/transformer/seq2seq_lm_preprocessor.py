@@ -7,7 +7,7 @@ from keras_hub.layers import StartEndPacker
 
 from keras_transformer.runtime.array_ops import id_list
 from keras_transformer.models.preset_io import PresetIO
-from keras_transformer.models.transformer.backbone import INPUT_NAMES
+from keras_transformer.models.transformer.backbone_inputs import INPUT_NAMES
 from keras_transformer.models.transformer.backbone import TransformerBackbone
 from keras_transformer.models.transformer.special_tokens import special_token_ids
 from keras_transformer.models.transformer.text_checks import text_list

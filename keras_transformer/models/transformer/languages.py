@@ -1,0 +1,192 @@
+"""Languages as settings of translation: which a model knows, and where a
+chosen one goes.
+
+A multilingual model names its languages with tokens of its vocabulary:
+fairseq's M2M100 `__de__`, NLLB-200 `deu_Latn`, multilingual opus-mt
+(Marian) models `>>de<<`. Users name them as the checkpoint does or by an
+ISO 639-1 / 639-3 code (`"de"`, `"deu"`) where that names one of the
+model's codes. For M2M100 and NLLB the source code starts the source and
+the target code is forced as the first output (`target_prefix`, as
+transformers' `forced_bos_token_id`); for opus-mt the target code starts
+the source.
+"""
+
+import difflib
+import re
+
+import numpy as np
+
+# ISO 639-1 -> the ISO 639-3 codes that fairseq's and opus-mt's models use
+# for it (the macrolanguage first, then the individual languages NLLB names).
+_ISO = """
+af afr|am amh|ar ara arb|as asm|ast ast|ay aym ayr|az aze azj azb|ba bak|be bel|bg bul|bm bam|bn ben|bo bod|
+br bre|bs bos|ca cat|ceb ceb|cs ces|cy cym|da dan|de deu|dz dzo|ee ewe|el ell|en eng|eo epo|es spa|et est|
+eu eus|fa fas pes|ff ful fuv|fi fin|fj fij|fo fao|fr fra|fy fry|ga gle|gd gla|gl glg|gn grn|gu guj|ha hau|
+he heb|hi hin|hr hrv|ht hat|hu hun|hy hye|id ind|ig ibo|ilo ilo|is isl|it ita|ja jpn|jv jav|ka kat|kg kon|
+ki kik|kk kaz|km khm|kn kan|ko kor|kr kau knc|ks kas|ku kur kmr ckb|ky kir|lb ltz|lg lug|li lim|ln lin|
+lo lao|lt lit|lv lav lvs|mg mlg plt|mi mri|mk mkd|ml mal|mn mon khk|mr mar|ms msa zsm|mt mlt|my mya|
+nb nob|ne nep npi|nl nld|nn nno|no nor nob|ns nso|ny nya|oc oci|om orm gaz|or ori ory|pa pan|pl pol|
+ps pus pbt|pt por|qu que quy|rn run|ro ron|ru rus|rw kin|sa san|sc srd|sd snd|sg sag|si sin|sk slk|sl slv|
+sm smo|sn sna|so som|sq sqi als|sr srp|ss ssw|st sot|su sun|sv swe|sw swa swh|ta tam|te tel|tg tgk|th tha|
+ti tir|tk tuk|tl tgl|tn tsn|tr tur|ts tso|tt tat|tw twi|ug uig|uk ukr|ur urd|uz uzb uzn|vi vie|wo wol|
+xh xho|yi yid ydd|yo yor|zh zho|zu zul
+"""
+ISO_639 = {
+    entry.split()[0]: tuple(entry.split()[1:]) for entry in _ISO.replace("\n", "").split("|") if entry.strip()
+}
+
+# fairseq's M2M100 codes, in the order of their ids after vocab.json
+# (transformers' `FAIRSEQ_LANGUAGE_CODES`), for checkpoints whose
+# tokenizer files do not list them.
+M2M100_CODES = {
+    "m2m100": "af am ar ast az ba be bg bn br bs ca ceb cs cy da de el en es et fa ff fi fr fy ga gd gl gu ha he "
+    "hi hr ht hu hy id ig ilo is it ja jv ka kk km kn ko lb lg ln lo lt lv mg mk ml mn mr ms my ne nl no ns oc or "
+    "pa pl ps pt ro ru sd si sk sl so sq sr ss su sv sw ta th tl tn tr uk ur uz vi wo xh yi yo zh zu".split(),
+    "wmt21": "en ha is ja cs ru zh de".split(),
+}
+
+_WRAPPED = re.compile(r"^(?:__(?P<m2m>[A-Za-z_-]+?)__|>>(?P<opus>[^<>]+)<<|(?P<nllb>[a-z]{2,3})_[A-Z][a-z]{3})$")
+
+
+def is_language_code(token):
+    """Whether a vocabulary token names a language as fairseq
+    (`__de__`, `deu_Latn`) or opus-mt (`>>de<<`) checkpoints do.
+
+    >>> [is_language_code(t) for t in ("__de__", "deu_Latn", ">>fr<<", "▁de")]
+    [True, True, True, False]
+    """
+    return bool(_WRAPPED.match(token))
+
+
+def _core(code):
+    """The ISO part of a language code: `de` of `__de__`, `deu` of `deu_Latn`."""
+    match = _WRAPPED.match(code)
+    return None if match is None else next(part for part in match.groups() if part).lower()
+
+
+def _iso_aliases(name):
+    """The ISO 639 codes `name` may stand for: itself, its 639-3 codes
+    (for a 639-1 code) or its 639-1 code (for a 639-3 one)."""
+    aliases = {name, *ISO_639.get(name, ())}
+    aliases |= {short for short, long in ISO_639.items() if name in long}
+    return aliases
+
+
+def resolve_language(name, codes, role="language"):
+    """The code among `codes` (the model's) that `name` names.
+
+    `name` is a code as the checkpoint names it (`"__de__"`, `"deu_Latn"`,
+    `">>de<<"`, in any case) or an ISO 639-1 / 639-3 code (`"de"`, `"deu"`)
+    that names exactly one of `codes`.
+
+    Raises:
+        ValueError: `name` names none of `codes` (the message lists close
+            matches) or several (it lists them).
+
+    Example:
+
+    >>> resolve_language("de", ["eng_Latn", "deu_Latn"])
+    'deu_Latn'
+    >>> resolve_language("deu", ["__en__", "__de__"])
+    '__de__'
+    >>> resolve_language("zh", ["zho_Hans", "zho_Hant"])
+    Traceback (most recent call last):
+    ...
+    ValueError: The language 'zh' is ambiguous for this model: it has zho_Hans, zho_Hant. Give one of them.
+    """
+    codes = list(codes)
+    if not isinstance(name, str) or not name.strip():
+        raise ValueError(f"{role} must be a language code such as {codes[:2]}, got {name!r}.")
+    name = name.strip()
+    exact = [code for code in codes if code.lower() == name.lower()]
+    if len(exact) == 1:
+        return exact[0]
+    aliases = _iso_aliases(name.lower())
+    found = [code for code in codes if _core(code) in aliases]
+    if len(found) == 1:
+        return found[0]
+    if found:
+        raise ValueError(
+            f"The language {name!r} is ambiguous for this model: it has {', '.join(found)}. Give one of them."
+        )
+    cores = {_core(code): code for code in codes if _core(code)}
+    close = difflib.get_close_matches(name, codes, n=5, cutoff=0.6)
+    close += [cores[c] for c in difflib.get_close_matches(name.lower(), cores, n=5, cutoff=0.6) if cores[c] not in close]
+    hint = f" Close matches: {', '.join(close[:5])}." if close else ""
+    raise ValueError(
+        f"The model does not know the {role} {name!r}.{hint} It knows {len(codes)} languages "
+        f"(`model.languages`), such as {', '.join(codes[:6])}."
+    )
+
+
+def model_languages(tokenizer):
+    """The language codes of a tokenizer's vocabulary, in id order: those
+    it lists (`language_codes`), else its opus-mt `>>xx<<` tokens; `[]`
+    for a model of one language pair."""
+    listed = getattr(tokenizer, "language_codes", None)
+    if listed is not None:
+        return list(listed)
+    vocabulary = getattr(tokenizer, "vocabulary", None)
+    if not isinstance(vocabulary, dict):
+        return []
+    return [token for token, _ in sorted(vocabulary.items(), key=lambda item: item[1]) if token.startswith(">>")
+            and is_language_code(token)]
+
+
+def with_languages(tokenizer, texts, source_language, target_language, target_prefix):
+    """`(texts, target_prefix)` for `generate`, with the languages placed
+    where the model reads them.
+
+    M2M100 and NLLB: each source starts with the source code (unless it
+    starts with a language code already), and the target code is forced
+    first, before `target_prefix` (text or ids). Without `target_language`,
+    the tokenizer's own target language if it has one. opus-mt: the target
+    code starts each source. A model without language codes takes neither.
+    """
+    codes = model_languages(tokenizer)
+    if not codes:
+        if source_language is not None or target_language is not None:
+            raise ValueError(
+                "This model translates one language pair: it takes no source_language or target_language. "
+                "Multilingual models (M2M100, NLLB-200, opus-mt models with >>xx<< tokens) do."
+            )
+        return texts, target_prefix
+    if codes[0].startswith(">>"):
+        if source_language is not None:
+            raise ValueError("opus-mt models read the source language from the text: give target_language only.")
+        if target_language is None:
+            return texts, target_prefix
+        code = resolve_language(target_language, codes, "target_language")
+        return [_starting_with(text, code, codes) for text in texts], target_prefix
+    if source_language is not None:
+        code = resolve_language(source_language, codes, "source_language")
+        texts = [_starting_with(text, code, codes) for text in texts]
+    elif tokenizer.source_language is None and any(_first_word(text) not in codes for text in texts if text.strip()):
+        raise ValueError(
+            f"Give source_language: this model translates between {len(codes)} languages "
+            f"({', '.join(codes[:4])}, ... see `model.languages`), and the sources do not start with a code."
+        )
+    code = target_language and resolve_language(target_language, codes, "target_language")
+    code = code or tokenizer.target_language
+    if code is None:
+        raise ValueError(
+            f"Give target_language: this model translates into {len(codes)} languages "
+            f"({', '.join(codes[:4])}, ... see `model.languages`)."
+        )
+    if isinstance(target_prefix, bytes):
+        target_prefix = target_prefix.decode("utf-8")
+    if isinstance(target_prefix, str):
+        return texts, np.asarray(tokenizer.tokenize_target(f"{code} {target_prefix}")).tolist()
+    return texts, [tokenizer.language_id(code), *(target_prefix or ())]
+
+
+def _first_word(text):
+    words = text.split(maxsplit=1)
+    return words[0] if words else ""
+
+
+def _starting_with(text, code, codes):
+    """`text` with `code` first, unless it is blank or starts with a code."""
+    if not text.strip() or _first_word(text) in codes:
+        return text
+    return f"{code} {text}"

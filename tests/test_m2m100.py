@@ -1,0 +1,204 @@
+"""M2M100 and NLLB-200 checkpoints (`model_type: m2m_100`): loaded and
+checked against transformers' own outputs on tiny random models that
+transformers builds and saves."""
+
+import json
+import os
+import shutil
+
+import keras
+import numpy as np
+import pytest
+
+transformers = pytest.importorskip("transformers")
+torch = pytest.importorskip("torch")
+
+from m2m100_fixture import TEXTS  # noqa: E402
+from m2m100_fixture import save_tiny  # noqa: E402
+
+from keras_transformer.presets import PresetError  # noqa: E402
+
+# The target languages each family is checked with, as the checkpoint names them.
+TARGETS = {"m2m100": ("__de__", "__fr__"), "nllb": ("deu_Latn", "fra_Latn")}
+SOURCE = {"m2m100": "__en__", "nllb": "eng_Latn"}
+
+
+@pytest.fixture(scope="module", params=["m2m100", "nllb"])
+def family(request, tmp_path_factory):
+    directory = save_tiny(str(tmp_path_factory.mktemp(request.param) / "checkpoint"), request.param)
+    from keras_transformer.models import TransformerSeq2SeqLM
+
+    model = transformers.M2M100ForConditionalGeneration.from_pretrained(directory).eval()
+    tokenizer = transformers.AutoTokenizer.from_pretrained(directory)
+    return request.param, directory, model, tokenizer, TransformerSeq2SeqLM.from_preset(directory)
+
+
+def _hf_generate(model, ids, forced, **kwargs):
+    with torch.no_grad():
+        out = model.generate(torch.tensor([ids]), forced_bos_token_id=forced, do_sample=False, **kwargs)[0].tolist()
+    out = out[1:]
+    return out[: out.index(model.config.eos_token_id)] if model.config.eos_token_id in out else out
+
+
+def test_tokenization_matches_transformers(family):
+    name, _, _, tokenizer, ours = family
+    preprocessor = ours.preprocessor
+    # Sources: [source code] pieces </s>, unknown pieces as <unk>.
+    expected = [tokenizer(text).input_ids for text in TEXTS]
+    assert preprocessor.generate_preprocess(TEXTS) == expected
+    assert tokenizer.unk_token_id in expected[-1]
+    # Targets: [target code] pieces (and </s>, which the preprocessor adds).
+    targets = ["Ein Mann fährt Fahrrad.", "Zwei Hunde spielen im Schnee."]
+    assert preprocessor.target_token_ids(targets) == [tokenizer(text_target=t).input_ids[:-1] for t in targets]
+    ids = [tokenizer(text_target=t).input_ids for t in targets]
+    assert preprocessor.generate_postprocess(ids) == tokenizer.batch_decode(ids, skip_special_tokens=True)
+    special = ours.special_token_ids
+    assert (special.pad, special.start, special.end, special.source_start) == (1, 2, 2, None)
+    assert special.never_output == [1]
+
+
+def test_logits_match_transformers_on_padded_batches(family):
+    _, _, model, tokenizer, ours = family
+    targets = [text[::-1] for text in TEXTS]
+    batch = tokenizer(TEXTS, text_target=targets, padding=True, return_tensors="np")
+    pad, start = model.config.pad_token_id, model.config.decoder_start_token_id
+    labels = np.where(batch["labels"] == -100, pad, batch["labels"])
+    decoder_ids = np.concatenate([np.full((len(TEXTS), 1), start), labels[:, :-1]], axis=1).astype("int32")
+    decoder_mask = np.concatenate([np.ones((len(TEXTS), 1)), labels[:, :-1] != pad], axis=1).astype("int32")
+    inputs = {
+        "encoder_token_ids": batch["input_ids"].astype("int32"),
+        "encoder_padding_mask": batch["attention_mask"].astype("int32"),
+        "decoder_token_ids": decoder_ids,
+        "decoder_padding_mask": decoder_mask,
+    }
+    logits = keras.ops.convert_to_numpy(ours(inputs))
+    with torch.no_grad():
+        expected = model(
+            input_ids=torch.tensor(inputs["encoder_token_ids"]).long(),
+            attention_mask=torch.tensor(inputs["encoder_padding_mask"]),
+            decoder_input_ids=torch.tensor(decoder_ids).long(),
+            decoder_attention_mask=torch.tensor(decoder_mask),
+        ).logits.numpy()
+    real = decoder_mask.astype(bool)
+    assert np.abs(logits - expected)[real].max() < 1e-4
+    assert np.abs(expected[real]).max() > 1.0  # not trivially small
+
+
+def _padded(sources, pad):
+    ids = np.full((len(sources), max(map(len, sources))), pad, "int32")
+    for row, source in enumerate(sources):
+        ids[row, : len(source)] = source
+    return {"encoder_token_ids": ids, "encoder_padding_mask": (ids != pad).astype("int32")}
+
+
+def test_greedy_and_beam_search_match_transformers(family):
+    name, _, model, tokenizer, ours = family
+    pad, offset = model.config.pad_token_id, 15
+    sources = ours.preprocessor.generate_preprocess(TEXTS)
+    ended, outputs = 0, []
+    for target in TARGETS[name]:
+        forced = tokenizer.convert_tokens_to_ids(target)
+        greedy = ours.generate(_padded(sources, pad), sampler="greedy", max_length_offset=offset,
+                               target_language=target)
+        beam = ours.generate(_padded(sources, pad), beam_size=4, alpha=1.0, length_penalty="length",
+                             max_length_offset=offset, target_language=target)
+        for ids, ours_greedy, ours_beam in zip(sources, greedy, beam):
+            budget = len(ids) + offset
+            assert ours_greedy[0] == ours_beam[0] == forced
+            assert ours_greedy == _hf_generate(model, ids, forced, num_beams=1, max_new_tokens=budget,
+                                               bad_words_ids=[[pad]])
+            assert ours_beam == _hf_generate(model, ids, forced, num_beams=4, length_penalty=1.0,
+                                             max_new_tokens=budget, bad_words_ids=[[pad]])
+            ended += len(ours_greedy) < budget
+        outputs += greedy + beam
+        strings = ours.generate(TEXTS, sampler="greedy", max_length_offset=offset, source_language=SOURCE[name],
+                                target_language=target)
+        assert strings == tokenizer.batch_decode(greedy, skip_special_tokens=True)
+    assert 0 < ended < 2 * len(TEXTS)  # outputs that end, and outputs cut at the limit
+    assert len({tuple(ids) for ids in outputs}) >= 4, outputs  # not one output for all
+
+
+def test_languages_by_code_and_iso_alias(family, capsys):
+    from keras_transformer.cli import main
+
+    name, directory, _, _, ours = family
+    german, french = TARGETS[name]
+    assert german in ours.languages and french in ours.languages and SOURCE[name] in ours.languages
+    texts = TEXTS[:3]
+    expected = ours.generate(texts, sampler="greedy", source_language=SOURCE[name], target_language=french)
+    assert ours.generate(texts, sampler="greedy", source_language="en", target_language="fr") == expected
+    assert ours.generate(texts, sampler="greedy", source_language="eng", target_language="fra") == expected
+    assert ours.generate(texts, sampler="greedy", source_language="en", target_language="de") != expected
+    # The tokenizer's own languages (src_lang en, tgt_lang de) without arguments.
+    assert ours.generate(texts, sampler="greedy") == ours.generate(
+        texts, sampler="greedy", source_language="en", target_language="de")
+    capsys.readouterr()
+    main(["translate", "--preset", directory, "--beam-size", "1", "--from", "en", "--to", "fr", *texts])
+    assert capsys.readouterr().out.splitlines() == expected
+    with pytest.raises(ValueError, match=r"does not know the target_language 'fra_Latm'.*Close matches: fra_Latn"
+                       if name == "nllb" else r"does not know the target_language '__fx__'. Close matches: .*__fr__"):
+        ours.generate(texts, target_language="fra_Latm" if name == "nllb" else "__fx__")
+    with pytest.raises(ValueError, match="does not know the source_language 'klingon'"):
+        ours.generate(texts, source_language="klingon", target_language="de")
+    if name == "nllb":
+        with pytest.raises(ValueError, match="'zh' is ambiguous for this model: it has zho_Hans, zho_Hant"):
+            ours.generate(texts, target_language="zh")
+
+
+def test_one_pair_models_refuse_languages():
+    from keras_transformer.models.transformer.languages import with_languages
+
+    with pytest.raises(ValueError, match="translates one language pair: it takes no source_language"):
+        with_languages(None, ["A dog."], None, "de", None)
+
+
+def test_convert_writes_a_preset_with_languages_and_licence(family, tmp_path):
+    from keras_transformer import presets
+    from keras_transformer.cli import main
+    from keras_transformer.models import M2M100Tokenizer
+    from keras_transformer.models import TransformerSeq2SeqLM
+
+    name, directory, _, _, ours = family
+    preset = str(tmp_path / "preset")
+    main(["convert", directory, preset])
+    metadata = presets.read_metadata(preset)
+    assert metadata["license"] == ("CC-BY-NC-4.0" if name == "nllb" else "MIT")
+    assert metadata["language_codes"] == ours.languages
+    converted = TransformerSeq2SeqLM.from_preset(preset)
+    assert isinstance(converted.preprocessor.tokenizer, M2M100Tokenizer)
+    assert converted.languages == ours.languages
+    options = dict(sampler="greedy", source_language="en", target_language="fr")
+    assert converted.generate(TEXTS[:3], **options) == ours.generate(TEXTS[:3], **options)
+
+
+def _variant(directory, tmp_path, name, **changes):
+    copy = tmp_path / name
+    shutil.copytree(directory, copy)
+    with open(copy / "config.json") as f:
+        config = json.load(f)
+    with open(copy / "config.json", "w") as f:
+        json.dump({**config, **changes}, f)
+    return str(copy)
+
+
+def test_unsupported_variants_are_refused(family, tmp_path):
+    from keras_transformer.cli import main
+    from keras_transformer.models import TransformerBackbone
+    from keras_transformer.models import TransformerSeq2SeqLM
+
+    _, directory, _, _, _ = family
+    with pytest.raises(PresetError, match="model_type 'nllb-moe' cannot be loaded: NLLB-MoE is a mixture"):
+        TransformerSeq2SeqLM.from_preset(_variant(directory, tmp_path, "moe", model_type="nllb-moe"))
+    with pytest.raises(PresetError, match="model_type 'bart' cannot be loaded.*Supported: marian"):
+        TransformerBackbone.from_preset(_variant(directory, tmp_path, "bart", model_type="bart"))
+    with pytest.raises(SystemExit, match="model_type 'bart' cannot be loaded"):
+        main(["convert", str(tmp_path / "bart"), str(tmp_path / "out")])
+    with pytest.raises(PresetError, match="unequal encoder and decoder depths"):
+        TransformerSeq2SeqLM.from_preset(_variant(directory, tmp_path, "deep", decoder_layers=3))
+    with pytest.raises(PresetError, match="an output projection not tied"):
+        TransformerSeq2SeqLM.from_preset(_variant(directory, tmp_path, "untied", tie_word_embeddings=False))
+    with pytest.raises(PresetError, match="do not fit num_layers=1"):
+        TransformerBackbone.from_preset(directory, num_layers=1)
+    os.remove(tmp_path / "deep" / "sentencepiece.bpe.model")
+    with pytest.raises(PresetError, match="has no sentencepiece.bpe.model"):
+        TransformerSeq2SeqLM.from_preset(_variant(str(tmp_path / "deep"), tmp_path, "no-spm", decoder_layers=2))
