@@ -53,7 +53,8 @@ def load_tokenizer(preset, **kwargs):
         )
     config = _json(fetch_file(preset, TOKENIZER_CONFIG, required=False))
     vocabulary, codes = vocabulary_and_codes(preset, spm, config)
-    languages = {"source_language": config.get("src_lang"), "target_language": config.get("tgt_lang")}
+    # Without src_lang, transformers' tokenizers read sources as English.
+    languages = {"source_language": config.get("src_lang") or "en", "target_language": config.get("tgt_lang")}
     languages = {key: _code_of(value, codes) for key, value in languages.items()}
     try:
         return M2M100Tokenizer(spm, vocabulary, language_codes=codes, **{**languages, **kwargs})
@@ -63,7 +64,7 @@ def load_tokenizer(preset, **kwargs):
 
 def _code_of(language, codes):
     """transformers' `src_lang` / `tgt_lang` (`"en"`, `"eng_Latn"`) as a code."""
-    for code in (language, f"__{language}__"):
+    for code in (language, f"__{language}__", "eng_Latn" if language == "en" else None):
         if code in codes:
             return code
     return None
