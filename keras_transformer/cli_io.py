@@ -11,6 +11,7 @@ failed run (Ctrl-C, a full disk) leaves an earlier file as it was.
 import codecs
 import contextlib
 import os
+import select
 import shutil
 import sys
 import tempfile
@@ -50,7 +51,30 @@ def read_sentences(text, path):
         )
     if sys.stdin.isatty():
         print("Type sentences, one a line; end with Ctrl-D.", file=sys.stderr)
-    return decode_lines(sys.stdin.buffer.read(), "standard input")
+    return decode_lines(read_interruptibly(sys.stdin.buffer), "standard input")
+
+
+def read_interruptibly(stream, wait=0.2):
+    """All the bytes of `stream` until its end, read so that Ctrl-C stops
+    the read at once. A blocking `read` returns only when input comes where
+    the kernel hands SIGINT to another of the process's threads (PyTorch's
+    and TensorFlow's start threads at import): Python's main thread then
+    learns of it only after the next line. So the read waits at most `wait`
+    seconds at a time (`select`), and Python handles the signal between
+    waits."""
+    try:
+        descriptor = stream.fileno()
+    except (AttributeError, OSError, ValueError):  # not a file (tests' in-memory streams)
+        return stream.read()
+    chunks = []
+    while True:
+        ready, _, _ = select.select([descriptor], [], [], wait)
+        if not ready:
+            continue
+        chunk = os.read(descriptor, 1 << 16)
+        if not chunk:
+            return b"".join(chunks)
+        chunks.append(chunk)
 
 
 def check_output_path(path, reads=None):
