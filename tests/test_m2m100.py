@@ -13,6 +13,7 @@ import pytest
 transformers = pytest.importorskip("transformers")
 torch = pytest.importorskip("torch")
 
+from helpers import once  # noqa: E402
 from m2m100_fixture import TEXTS  # noqa: E402
 from m2m100_fixture import save_tiny  # noqa: E402
 
@@ -40,6 +41,7 @@ def _hf_generate(model, ids, forced, **kwargs):
     return out[: out.index(model.config.eos_token_id)] if model.config.eos_token_id in out else out
 
 
+@once  # (the tokenizer, languages, files and errors: the same on every backend)
 def test_tokenization_matches_transformers(family):
     name, _, _, tokenizer, ours = family
     preprocessor = ours.preprocessor
@@ -118,6 +120,7 @@ def test_greedy_and_beam_search_match_transformers(family):
     assert len({tuple(ids) for ids in outputs}) >= 4, outputs  # not one output for all
 
 
+@once  # (the tokenizer, languages, files and errors: the same on every backend)
 def test_languages_by_code_and_iso_alias(family, capsys):
     from keras_transformer.cli import main
 
@@ -145,6 +148,7 @@ def test_languages_by_code_and_iso_alias(family, capsys):
             ours.generate(texts, target_language="zh")
 
 
+@once  # (the tokenizer, languages, files and errors: the same on every backend)
 def test_one_pair_models_refuse_languages():
     from keras_transformer.models.transformer.languages import with_languages
 
@@ -152,6 +156,7 @@ def test_one_pair_models_refuse_languages():
         with_languages(None, ["A dog."], None, "de", None)
 
 
+@once  # (the tokenizer, languages, files and errors: the same on every backend)
 def test_convert_writes_a_preset_with_languages_and_licence(family, tmp_path):
     from keras_transformer import presets
     from keras_transformer.cli import main
@@ -181,6 +186,7 @@ def _variant(directory, tmp_path, name, **changes):
     return str(copy)
 
 
+@once  # (the tokenizer, languages, files and errors: the same on every backend)
 def test_unsupported_variants_are_refused(family, tmp_path):
     from keras_transformer.cli import main
     from keras_transformer.models import TransformerBackbone
