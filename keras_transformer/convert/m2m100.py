@@ -30,6 +30,7 @@ from keras_transformer.convert.m2m100_files import family_and_licence
 from keras_transformer.convert.m2m100_files import load_tokenizer
 from keras_transformer.convert.marian import WEIGHT_SHAPE_ARGUMENTS
 from keras_transformer.convert.marian import check_output_dir
+from keras_transformer.utils.locks import locked
 from keras_transformer.convert.marian import read_config
 from keras_transformer.convert.marian import read_state_dict
 from keras_transformer.convert.marian_weights import layer_names
@@ -271,8 +272,11 @@ def convert(source, preset_dir, overwrite=False):
     model = load_task(source)
     tokenizer = model.preprocessor.tokenizer
     family, licence = family_and_licence(source, tokenizer)
-    model.save_to_preset(preset_dir, metadata={
-        "converted_from": os.fspath(source), "source_format": MODEL_TYPE, "family": family, "license": licence,
-        "language_codes": list(tokenizer.language_codes),
-    })
+    # One writer at a time (utils/locks.py), as `convert_marian`.
+    with locked(preset_dir, "convert"):
+        check_output_dir(preset_dir, overwrite)
+        model.save_to_preset(preset_dir, metadata={
+            "converted_from": os.fspath(source), "source_format": MODEL_TYPE, "family": family, "license": licence,
+            "language_codes": list(tokenizer.language_codes),
+        })
     return model

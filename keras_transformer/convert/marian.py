@@ -432,7 +432,7 @@ def convert(source, preset_dir, overwrite=False):
     # One writer at a time (utils/locks.py): the output checked again and
     # the preset saved under the directory's lock (which the save takes again).
     with locked(preset_dir, "convert"):
-        _check_output(preset_dir, overwrite)
+        check_output_dir(preset_dir, overwrite)
         model.save_to_preset(preset_dir, metadata={"converted_from": os.fspath(source), "source_format": "marian"})
     return model
 
