@@ -148,3 +148,15 @@ def test_fit_counts_long_pairs_and_names_the_options(model):
     model.fit(pairs, epochs=1, verbose=0, long_pairs="drop", validation_data=pairs)
     with pytest.raises(ValueError, match=r"^generate|A source of \d+ tokens is longer than the model's max_sequence_length=48"):
         model.generate([long * 3])
+
+
+@once
+def test_a_token_budget_past_its_limit_is_refused_before_batching():
+    from keras_transformer.data.batching import MAX_TOKENS_LIMIT
+    from keras_transformer.data.batching import TokenBudgetBatches
+
+    pairs = ([[5, 6, 2]] * 4, [[1, 7, 8, 2]] * 4)
+    assert len(TokenBudgetBatches(*pairs, max_tokens=MAX_TOKENS_LIMIT)) >= 1
+    for budget in (MAX_TOKENS_LIMIT + 1, 0):
+        with pytest.raises(ValueError, match=rf"max_tokens={budget} is out of range: a batch holds 1 to 1,048,576"):
+            TokenBudgetBatches(*pairs, max_tokens=budget)

@@ -20,6 +20,11 @@ import numpy as np
 
 _INPUTS = ("encoder_token_ids", "encoder_padding_mask", "decoder_token_ids", "decoder_padding_mask")
 
+# The largest token budget a batch may have: a million tokens, forty times
+# the paper's (about 25,000), already more than a large GPU's memory holds
+# for the big model; a larger one is a mistake (an extra digit).
+MAX_TOKENS_LIMIT = 2**20
+
 
 def _round_up(length, multiple):
     return -(-length // multiple) * multiple
@@ -100,6 +105,11 @@ class TokenBudgetBatches:
         self.encoder_ids = [np.asarray(ids, "int32") for ids in encoder_ids]
         self.decoder_ids = [np.asarray(ids, "int32") for ids in decoder_ids]
         self.max_tokens = int(max_tokens)
+        if not 1 <= self.max_tokens <= MAX_TOKENS_LIMIT:
+            raise ValueError(
+                f"max_tokens={self.max_tokens} is out of range: a batch holds 1 to {MAX_TOKENS_LIMIT:,} tokens "
+                "(the paper's held about 25,000). Choose a budget your device's memory holds."
+            )
         self.pad_to_multiple_of = int(pad_to_multiple_of)
         self.max_length = None if max_length is None else int(max_length)
         self.pad_id = pad_id
