@@ -264,7 +264,7 @@ def test_commands_decode_with_an_ensemble_presets_models_and_exports_warn(tmp_pa
     first.save_to_preset(tmp_path / "preset")
     args = argparse.Namespace(ensemble=[str(tmp_path / "preset")], dtype=None, quantize=None, beam_size=4,
                               alpha=0.6, length_penalty="gnmt", first_model_only=False, target_prefix=None,
-                              sampling=None)
+                              sampling=None, source_language=None, target_language=None)
     model, decoding = cli._load_translator(str(tmp_path / "preset"), args)
     # The preset's two models, then the --ensemble preset's two.
     assert [m.backbone.num_layers for m in [model, *decoding["ensemble"]]] == [1, 2, 1, 2]

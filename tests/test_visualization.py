@@ -57,5 +57,5 @@ def test_plot_attention_writes_a_picture(small_tokenizer, tmp_path):
         plot_attention(maps, kinds=["encoder"])
     with pytest.raises(ValueError, match="No attention kinds"):
         plot_attention(maps, kinds=[])
-    with pytest.raises(ValueError, match="empty"):
+    with pytest.raises(ValueError, match="The source text is blank: there is no attention to show"):
         attention_maps(model, "  ")
