@@ -29,10 +29,12 @@ import numpy as np
 from keras_transformer.convert.m2m100_files import family_and_licence
 from keras_transformer.convert.m2m100_files import load_tokenizer
 from keras_transformer.convert.marian import WEIGHT_SHAPE_ARGUMENTS
+from keras_transformer.convert.marian_weights import assign_checkpoint_weights
 from keras_transformer.convert.marian import check_output_dir
 from keras_transformer.utils.locks import locked
 from keras_transformer.convert.marian import read_config
 from keras_transformer.convert.marian import read_state_dict
+from keras_transformer.convert.marian_weights import refuse_reshaped
 from keras_transformer.convert.marian_weights import layer_names
 from keras_transformer.convert.marian_weights import to_ours
 from keras_transformer.presets import PresetError
@@ -157,24 +159,11 @@ def load_backbone(preset, load_weights=True, dtype=None, config=None, **override
     reshaped = {name: value for name, value in overrides.items()
                 if name in (*WEIGHT_SHAPE_ARGUMENTS, "position_offset") and value != arguments.get(name)}
     if load_weights and reshaped:
-        given = ", ".join(f"{name}={value!r}" for name, value in sorted(reshaped.items()))
-        theirs = ", ".join(f"{name}={arguments.get(name)!r}" for name in sorted(reshaped))
-        raise PresetError(
-            f"The m2m_100 checkpoint's weights do not fit {given}: its config.json gives {theirs}. Leave "
-            "these out, or give load_weights=False for a new model of that shape."
-        )
+        refuse_reshaped("The m2m_100 checkpoint", reshaped, {name: arguments.get(name) for name in reshaped})
     backbone = TransformerBackbone(**{**arguments, **overrides}, dtype=dtype)
     if load_weights:
         weights = backbone_weights(read_state_dict(preset, family="m2m_100"), backbone)
-        for variable in backbone.weights:
-            value = weights.get(variable.path)
-            if value is None or tuple(value.shape) != tuple(variable.shape):
-                found = None if value is None else tuple(value.shape)
-                raise PresetError(
-                    f"The m2m_100 checkpoint does not fit its config.json: {variable.path} should have shape "
-                    f"{tuple(variable.shape)}, the checkpoint gives {found}."
-                )
-            variable.assign(value)
+        assign_checkpoint_weights("The m2m_100 checkpoint", backbone, weights)
     return backbone
 
 

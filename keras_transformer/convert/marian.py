@@ -30,7 +30,9 @@ import os
 
 import numpy as np
 
+from keras_transformer.convert.marian_weights import assign_checkpoint_weights
 from keras_transformer.convert.marian_weights import marian_to_backbone_weights
+from keras_transformer.convert.marian_weights import refuse_reshaped
 from keras_transformer.presets import PresetError
 from keras_transformer.presets import formats
 from keras_transformer.presets import hub
@@ -295,25 +297,14 @@ def load_backbone(preset, load_weights=True, dtype=None, config=None, **override
     if load_weights and reshaped:
         # Checked here: a smaller model would take a part of the weights
         # without a word.
-        given = ", ".join(f"{name}={value!r}" for name, value in sorted(reshaped.items()))
-        theirs = ", ".join(f"{name}={arguments.get(name, _BACKBONE_DEFAULTS.get(name))!r}" for name in sorted(reshaped))
-        raise PresetError(
-            f"The Marian checkpoint's weights do not fit {given}: its config.json gives {theirs}. Leave "
-            "these out, or give load_weights=False for a new model of that shape."
-        )
+        refuse_reshaped("The Marian checkpoint", reshaped, {
+            name: arguments.get(name, _BACKBONE_DEFAULTS.get(name)) for name in reshaped})
     backbone = TransformerBackbone(**{**arguments, **overrides}, dtype=dtype)
     if load_weights:
         weights = marian_to_backbone_weights(read_state_dict(preset), backbone, config.get("decoder_start_token_id"))
-        for variable in backbone.weights:
-            value = weights.get(variable.path)
-            if value is None or tuple(value.shape) != tuple(variable.shape):
-                found = None if value is None else tuple(value.shape)
-                raise PresetError(
-                    f"The Marian checkpoint does not fit its config.json: {variable.path} should have shape "
-                    f"{tuple(variable.shape)}, the checkpoint gives {found}."
-                )
-            variable.assign(value)
+        assign_checkpoint_weights("The Marian checkpoint", backbone, weights)
     return backbone
+
 
 
 def load_preprocessor(preset, tokenizer=None, config=None, **kwargs):

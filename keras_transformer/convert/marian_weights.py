@@ -173,3 +173,30 @@ def _to_theirs(values, theirs, ours, kind, inverse):
     out[f"{theirs}.out_proj.weight"] = kernel.reshape(-1, d)[:, inverse].T
     out[f"{theirs}.out_proj.bias"] = values[f"{ours}/attention_output/bias"][inverse]
     return out
+
+
+def refuse_reshaped(checkpoint, reshaped, theirs):
+    """The error for shape arguments `reshaped` (name -> value given) that
+    differ from the checkpoint's `theirs` (name -> value): its weights
+    would not fit. `checkpoint` names it ("The Marian checkpoint")."""
+    given = ", ".join(f"{name}={value!r}" for name, value in sorted(reshaped.items()))
+    config = ", ".join(f"{name}={theirs[name]!r}" for name in sorted(reshaped))
+    raise PresetError(
+        f"{checkpoint}'s weights do not fit {given}: its config.json gives {config}. Leave "
+        "these out, or give load_weights=False for a new model of that shape."
+    )
+
+
+def assign_checkpoint_weights(checkpoint, backbone, weights):
+    """Every variable of `backbone` assigned its value in `weights` (by
+    variable path), or an error naming the first one the checkpoint (named
+    by `checkpoint`) lacks or gives in another shape."""
+    for variable in backbone.weights:
+        value = weights.get(variable.path)
+        if value is None or tuple(value.shape) != tuple(variable.shape):
+            found = None if value is None else tuple(value.shape)
+            raise PresetError(
+                f"{checkpoint} does not fit its config.json: {variable.path} should have shape "
+                f"{tuple(variable.shape)}, the checkpoint gives {found}."
+            )
+        variable.assign(value)
