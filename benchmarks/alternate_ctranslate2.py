@@ -21,7 +21,11 @@ time (its fastest thread count's in that round) over the engine's in each round
 (above 1: faster than CTranslate2) with their median; BLEU is sacreBLEU's
 cased score of the engine's last pass. One sentence at a time
 (`--batch-size 1`) CTranslate2 ran fastest on one thread in
-`decode.py --ctranslate2`: pass `--ctranslate2-threads 1,2`. With
+`decode.py --ctranslate2`: pass `--ctranslate2-threads 1,2`.
+`--baseline-source DIR` adds, for each backend and dtype, an engine that
+runs this package from another source tree (a checkout of an earlier
+commit, e.g. made with `git worktree add DIR COMMIT`), so that a change's
+speed is measured before and after in the same alternating run. With
 `--ctranslate2-dtypes float32,int8` CTranslate2's int8 weights take their
 passes too (their ratio, as every engine's, is to CTranslate2's float32).
 """
@@ -107,6 +111,8 @@ def main():
                         help="CTranslate2's thread counts, each an engine (default: the cores)")
     parser.add_argument("--ctranslate2-dtypes", default="float32",
                         help="CTranslate2's weights, each an engine: float32 (always), int8")
+    parser.add_argument("--baseline-source", metavar="DIR",
+                        help="another source tree of this package (an earlier commit's checkout) to time too")
     parser.add_argument("--engine", help=argparse.SUPPRESS)
     parser.add_argument("--directory", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -140,12 +146,17 @@ def main():
         for backend in args.backends.split(","):
             for dtype in args.dtypes.split(","):
                 engines[f"keras_transformer ({backend}) {dtype}"] = (f"{backend}:{dtype}", backend)
+                if args.baseline_source:
+                    engines[f"baseline ({backend}) {dtype}"] = (f"{backend}:{dtype}", backend)
         processes = {}
         common = ["--preset", args.preset, "--data-dir", args.data_dir, "--sentences", str(args.sentences),
                   "--batch-size", str(args.batch_size), "--directory", directory]
         for name, (engine, backend) in engines.items():
             print(f"loading {name} ...", file=sys.stderr, flush=True)
             env = {**os.environ, "KERAS_BACKEND": backend, "TF_CPP_MIN_LOG_LEVEL": "3"}
+            if name.startswith("baseline"):
+                env["PYTHONPATH"] = os.pathsep.join([os.path.abspath(args.baseline_source),
+                                                     env.get("PYTHONPATH", "")])
             process = subprocess.Popen([sys.executable, os.path.abspath(__file__), "--engine", engine, *common],
                                        env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
             if process.stdout.readline().strip() != "ready":

@@ -283,20 +283,45 @@ def _step_runner(model, settings, step):
     it), then the search's step (`search.advance`)."""
     advance = advance_function(model, settings)
     step_settings = settings.replace(max_length_offset=0, num_results=1)  # (what the step reads)
+    k = settings.beam_size
+    # Where steps run eagerly, whatever their shapes, the first step runs
+    # each source's one live beam alone (the others would repeat it), and
+    # the next step's beams read that row of the self-attention caches.
+    one_beam_first = k > 1 and not compiles_steps()
 
     def run(state, encoder_mask, cross, budgets, slots, keys):
         index, tokens, parents, _, log_probs, _, _, _, caches = state
+        index = np.asarray(to_numpy(index), "int32")
+        first = one_beam_first and int(index) == 0
+        if first:
+            tokens, parents, log_probs = tokens[::k], parents[::k], log_probs[:, :1]
         # (`keys` only where sampling: a step that never samples need not take them.)
         values, flat, cache = step(
-            tokens[:, None], np.asarray(to_numpy(index), "int32"), list(zip(caches, cross)), encoder_mask, parents,
+            tokens[:, None], index, list(zip(caches, cross)), encoder_mask, parents,
             log_probs, *([] if keys is None else [keys]), settings=step_settings,
         )
+        if first:  # (one beam of a small vocabulary may have fewer extensions than two beams' worth)
+            values, flat = _padded_candidates(values, flat, 2 * k)
         # (The caches stay out of the compiled search step: passed through
         # a compiled function, they would be copied at every step.)
         state = advance((*state[:8], []), values, flat, [], budgets)
+        if first:  # (every beam descends from its source's first: row `source` of the caches)
+            state = (*state[:2], state[2] // k, *state[3:])
         return (*state[:8], [self_cache for self_cache, _ in cache])
 
     return run
+
+
+def _padded_candidates(values, flat, count):
+    """A step's candidates `(values, flat indices)`, `(batch, m)`, padded
+    to `count` columns with candidates that are none (`-inf`)."""
+    ops = array_ops(values)
+    missing = count - ops.shape(values)[1]
+    if missing <= 0:
+        return values, flat
+    batch = ops.shape(values)[0]
+    return (ops.concatenate([ops.cast(values, "float32"), ops.full((batch, missing), float("-inf"), "float32")], 1),
+            ops.concatenate([ops.cast(flat, "int32"), ops.zeros((batch, missing), "int32")], 1))
 
 
 def _largest_power_of_two_below(size):

@@ -36,6 +36,7 @@ from keras_transformer.decoding.rules import search_is_over
 from keras_transformer.decoding.transforms import candidates
 from keras_transformer.runtime import beam_cache
 from keras_transformer.runtime.array_ops import array_ops
+from keras_transformer.runtime.array_ops import search_state_ops
 
 
 def advance(state, values, flat, caches, budgets, settings, special, vocabulary_size):
@@ -151,7 +152,7 @@ def initial_state(model, batch, beam_size, length, width=None, beam_caches=False
     live at the start: the others would repeat it. With `beam_caches`,
     caches that the search never reorders (`empty_caches`)."""
     caches = [tuple(cache) for cache in empty_caches(model, batch, beam_size, length, beam_caches)]
-    ops = array_ops(caches[0][0] if caches else None)
+    ops = search_state_ops(caches[0][0] if caches else None)
     k, width = beam_size, length if width is None else width
     never = ops.convert_to_tensor(float("-inf"), "float32")
     first = ops.where(ops.arange(k, dtype="int32")[None, :] == 0, ops.zeros((batch, k), "float32"), never)
@@ -194,7 +195,8 @@ def reordered_caches(caches, parents, beam_size):
     `parents` (int32 `(batch * beam_size,)`, each a row of the same
     source's beams): a plain cache's rows taken, a beam cache's origins
     (`runtime.beam_cache.reordered`)."""
-    ops = array_ops(parents)
+    ops = _cache_ops(caches)
+    parents = ops.convert_to_tensor(parents, "int32")
     if any(beam_cache.is_beam_cache(cache) for cache in caches):
         grouped = ops.reshape(parents, (-1, beam_size))
         parent_beams = grouped - ops.arange(ops.shape(grouped)[0], dtype="int32")[:, None] * beam_size
@@ -231,8 +233,11 @@ def kept_slots(state, cross, keep, beam_size, reorder_later=False):
         # its first row, are beam numbers.
         beams = ops.reshape(parents, (-1, k)) - keep[:, None] * k
         parents = ops.reshape(ops.arange(ops.shape(keep)[0], dtype="int32")[:, None] * k + beams, (-1,))
+        cache_ops = _cache_ops(caches)
+        cache_rows = cache_ops.convert_to_tensor(beam_rows, "int32")
         kept_caches = [
-            beam_cache.kept(cache, keep) if beam_cache.is_beam_cache(cache) else tuple(take(x, beam_rows) for x in cache)
+            beam_cache.kept(cache, cache_ops.convert_to_tensor(keep, "int32")) if beam_cache.is_beam_cache(cache)
+            else tuple(cache_ops.take(x, cache_rows, axis=0) for x in cache)
             for cache in caches
         ]
     state = (
@@ -252,8 +257,14 @@ def grown_state(state, length):
     return (
         index, tokens, parents, ops.pad_to(sequences, 2, length), log_probs,
         (ops.pad_to(ids, 2, length), lengths, scores, finished_log_probs), count, done,
-        padded_caches(caches, length, ops),
+        padded_caches(caches, length, _cache_ops(caches)),
     )
+
+
+def _cache_ops(caches):
+    """The namespace of the self-attention caches' tensors (the state's
+    other arrays may be the host's: `array_ops.search_state_ops`)."""
+    return array_ops(caches[0][0] if caches else None)
 
 
 def padded_caches(caches, length, ops):
