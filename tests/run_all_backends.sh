@@ -26,8 +26,12 @@ fi
 # slower (TensorFlow's test_ensemble.py took 94 s instead of 120 s, JAX's
 # test_ensemble.py and test_seq2seq_lm.py 255 s instead of 272 s).
 export XLA_FLAGS="${XLA_FLAGS:-} --xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true"
+# A test that hangs fails after $TEST_TIMEOUT seconds (default: 15 min;
+# the slowest test takes about 4 min on 2 cores), printing every thread's
+# stack; a test process that crashes fails its test, and its file's other
+# tests run in a new process.
 for backend in ${BACKENDS:-jax tensorflow torch}; do
     echo "=== KERAS_BACKEND=$backend ==="
     KERAS_BACKEND=$backend python -m pytest -q -p no:cacheprovider -n "${TEST_WORKERS:-2}" --dist loadfile --durations=15 \
-        tests keras_transformer "$@"
+        --timeout "${TEST_TIMEOUT:-900}" tests keras_transformer "$@"
 done
