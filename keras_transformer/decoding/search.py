@@ -244,7 +244,10 @@ def kept_slots(state, cross, keep, beam_size, reorder_later=False):
         index, take(tokens, beam_rows), parents, take(sequences, keep), take(log_probs, keep),
         tuple(take(x, keep) for x in finished), take(count, keep), take(done, keep), kept_caches,
     )
-    return state, [(take(keys, keep), take(values, keep)) for keys, values in cross]
+    cache_ops = array_ops(cross[0][0] if cross else None)
+    cache_keep = cache_ops.convert_to_tensor(keep, "int32")
+    return state, [(cache_ops.take(keys, cache_keep, axis=0), cache_ops.take(values, cache_keep, axis=0))
+                   for keys, values in cross]
 
 
 def grown_state(state, length):
