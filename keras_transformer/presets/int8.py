@@ -156,10 +156,11 @@ def write_weights(backbone, path):
     layers = _quantized_layers(twin)
     # What the file holds reads back within half a step of each weight:
     # Keras' scales have the channels' shape this module reads them in.
-    stored = _float_values(twin, channel_axes(backbone), path)
+    axes = channel_axes(backbone)
+    stored = _float_values(twin, axes, path)
     for variable, value in zip(backbone.weights, values):
         value = value.astype("float32")
-        step = np.abs(value).max(axis=channel_axes(backbone).get(variable.path, ()), keepdims=True) / 127
+        step = np.abs(value).max(axis=axes.get(variable.path, ()), keepdims=True) / 127
         if np.any(np.abs(stored[variable.path] - value) > step / 2 * (1 + 1e-4) + 1e-7):
             raise RuntimeError(f"Keras {keras.__version__} quantized {variable.path!r} in a layout this version "
                                "of keras_transformer does not read: store the weights as float.")
