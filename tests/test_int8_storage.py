@@ -228,6 +228,7 @@ def test_an_ensemble_preset_stores_its_members_in_int8(tmp_path):
     assert directory_contents(tmp_path / "float") == converted
 
 
+@once
 def test_presets_of_earlier_versions_still_load(tmp_path):
     """Int8 weights in the archive of earlier versions load as before, by
     this package's loaders and keras-hub's, and `store_int8` writes them in
