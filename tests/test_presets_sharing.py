@@ -7,9 +7,11 @@ keras-hub's, translating as the original model did. No test reaches the
 network: the hub clients' upload and download calls are replaced by a hub
 in a temporary directory."""
 
+import gc
 import os
 import shutil
 import types
+import warnings
 
 import huggingface_hub
 import kagglehub
@@ -24,6 +26,7 @@ from keras_transformer.models import TransformerBackbone
 from keras_transformer.models import TransformerSeq2SeqLM
 from keras_transformer.presets import PresetError
 from keras_transformer.presets import hub as hub_access
+from keras_transformer.presets import int8_legacy
 
 from helpers import directory_contents
 from helpers import once
@@ -97,7 +100,20 @@ FORMS = {
     "bfloat16": lambda: (_bfloat16(small_model(seed=1)), "float", "bfloat16", "hf"),
     "int8": lambda: (small_model(seed=1), "int8", None, "kaggle"),
     "ensemble": lambda: (_ensemble(), "int8", None, "hf"),
+    "quantized": lambda: (_quantized(small_model(seed=1)), "float", None, "kaggle"),
 }
+
+
+def _quantized(model):
+    """`model` computing in int8 (Keras' `quantize`), its config saying so."""
+    gc.freeze()  # (Keras collects garbage at every layer it quantizes: seconds in a test process)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            model.quantize("int8")
+    finally:
+        gc.unfreeze()
+    return model
 
 
 def _ensemble():
@@ -106,8 +122,12 @@ def _ensemble():
     return first
 
 
-# (An ensemble's files are its models', each as above: its form runs once.)
-@pytest.mark.parametrize("form", [pytest.param(form, marks=[once] if form == "ensemble" else []) for form in FORMS])
+# (An ensemble's files are its models', each as above; a model that Keras
+# quantized is saved by Keras alone: their forms run once.)
+ONCE = ("ensemble", "quantized")
+
+
+@pytest.mark.parametrize("form", [pytest.param(form, marks=[once] if form in ONCE else []) for form in FORMS])
 def test_every_form_of_preset_goes_up_through_keras_hub_and_comes_back(form, hub, tmp_path):
     model, storage, dtype, source = FORMS[form]()
     directory = str(tmp_path / "preset")
@@ -136,7 +156,8 @@ def test_every_form_of_preset_goes_up_through_keras_hub_and_comes_back(form, hub
     load = {"dtype": dtype} if dtype else {}
     inputs = token_inputs(2)
     loaded = TransformerSeq2SeqLM.from_preset(directory, **load)
-    assert keras.backend.standardize_dtype(loaded.backbone.weights[0].dtype) == (dtype or "float32")
+    dtypes = [keras.backend.standardize_dtype(b.weights[0].dtype) for b in (loaded.backbone, model.backbone)]
+    assert dtypes[0] == dtypes[1]  # (int8 only for a model that Keras quantized)
     assert loaded.generate(inputs, **OPTIONS) == model.generate(inputs, **OPTIONS)
     by_keras_hub = keras_hub.models.Seq2SeqLM.from_preset(directory, **load)
     assert type(by_keras_hub) is TransformerSeq2SeqLM
@@ -170,13 +191,20 @@ def test_a_shipped_preset_goes_up_in_keras_files_with_the_same_weights(hub, tmp_
     assert not [name for name in files if name.endswith(("int8.npz", "model.weights.json"))]
     assert directory_contents(copy) == before
 
-    sentences = ["Ein Mann fährt Fahrrad.", "Zwei Hunde spielen im Schnee."]
-    original = TransformerSeq2SeqLM.from_preset("transformer_multi30k_de_en")
+    # Back by the handle: the archives' weights (Keras' int8 values are
+    # theirs; its scale is the reciprocal of theirs, with Keras' epsilon).
     shared = TransformerSeq2SeqLM.from_preset("hf://owner/de-en")
     assert len(shared.ensemble_members) == 1
-    assert shared.generate(sentences, sampler="greedy") == original.generate(sentences, sampler="greedy")
+    for path, model in zip(("", "ensemble/1"), [shared, *shared.ensemble_members]):
+        arrays = int8_legacy.read_arrays(copy / path / "model.weights.int8.npz")
+        for variable in model.backbone.weights:
+            scale = arrays.get(variable.path + int8_legacy.SCALE_SUFFIX)
+            expected = arrays[variable.path] if scale is None else int8_legacy.dequantize(arrays[variable.path], scale)
+            np.testing.assert_allclose(to_numpy(variable), expected, rtol=1e-6, atol=1e-7, err_msg=variable.path)
+    # keras-hub's loader gives the first model, translating as it does.
+    sentences = ["Ein Mann fährt Fahrrad.", "Zwei Hunde spielen im Schnee."]
     by_keras_hub = keras_hub.models.Seq2SeqLM.from_preset("hf://owner/de-en")
-    assert by_keras_hub.generate(sentences, sampler="greedy") == original.generate(
+    assert by_keras_hub.generate(sentences, sampler="greedy") == shared.generate(
         sentences, sampler="greedy", ensemble=[]
     )
 
