@@ -189,6 +189,7 @@ def test_a_shipped_preset_goes_up_in_keras_files_with_the_same_weights(hub, tmp_
     assert handle == "hf://owner/de-en" and uploaded != str(copy) and not os.path.exists(uploaded)
     assert {"model.weights.h5", "ensemble/1/model.weights.h5", "README.md"} <= set(files)
     assert not [name for name in files if name.endswith(("int8.npz", "model.weights.json"))]
+    assert not [name for name in files if name.startswith(".") or "/." in name]  # (no lock or staging files)
     assert directory_contents(copy) == before
 
     # Back by the handle: the archives' weights (Keras' int8 values are
