@@ -112,7 +112,9 @@ def _downloaded(handle, path):
         ) from error
     directory = os.path.dirname(files[0])
     if any(os.path.dirname(file) != directory for file in files):
-        raise PresetError(f"The files of the ensemble model {path!r} of {handle!r} did not download into one directory.")
+        raise PresetError(
+            f"The files of the ensemble model {path!r} of {handle!r} did not download into one directory."
+        )
     return directory
 
 

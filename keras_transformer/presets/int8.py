@@ -269,7 +269,8 @@ def load_weights(backbone, path, directory):
     for variable in backbone.weights:
         value = values.get(variable.path)
         if value is None or value.shape != tuple(variable.shape):
-            raise weights_do_not_fit(directory, f"they hold no variable {variable.path!r} {tuple(variable.shape)}", path)
+            details = f"they hold no variable {variable.path!r} {tuple(variable.shape)}"
+            raise weights_do_not_fit(directory, details, path)
     for variable in backbone.weights:
         variable.assign(values[variable.path])
 
