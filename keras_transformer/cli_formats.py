@@ -1,12 +1,14 @@
-"""The command line's commands that write a model out in another format:
-`export` (a TensorFlow SavedModel), `convert` (a Marian, M2M100 or
-NLLB-200 checkpoint to a preset) and `export-marian` (a preset to a Marian checkpoint).
+"""The command line's commands that write a model out in another format or
+place: `export` (a TensorFlow SavedModel), `convert` (a Marian, M2M100 or
+NLLB-200 checkpoint to a preset), `export-marian` (a preset to a Marian
+checkpoint) and `upload` (a preset to Kaggle or the Hugging Face hub).
 
     keras-transformer export --preset transformer_multi30k_en_de exported/en-de
     keras-transformer export --quantize int8 exported/en-de-int8
     keras-transformer convert hf://Helsinki-NLP/opus-mt-en-de opus-mt-en-de
     keras-transformer convert hf://facebook/nllb-200-distilled-600M nllb-200-600M
     keras-transformer export-marian transformer_multi30k_en_de marian/en-de
+    keras-transformer upload --preset my-en-de hf://OWNER/my-en-de
 """
 
 from keras_transformer.utils import arguments
@@ -19,7 +21,8 @@ def add_commands(subparsers):
     _add_export(subparsers)
     _add_convert(subparsers)
     _add_export_marian(subparsers)
-    return {"export": _export, "convert": _convert, "export-marian": _export_marian}
+    _add_upload(subparsers)
+    return {"export": _export, "convert": _convert, "export-marian": _export_marian, "upload": _upload}
 
 
 def add_precision(p):
@@ -118,3 +121,23 @@ def _export_marian(args):
 
     path = export_marian(args.preset, args.output_dir, overwrite=args.overwrite)
     print(f"Wrote the Marian model to {path}")
+
+
+def _add_upload(subparsers):
+    p = subparsers.add_parser(
+        "upload",
+        help="Share a preset on Kaggle or the Hugging Face hub (keras-hub's upload, after its checks).",
+        description="Check every model of a preset as keras-hub and this package check it, then upload it "
+        "with keras_hub.upload_preset. Presets of earlier versions with int8 weights (the shipped ones) go up "
+        "as a copy with the same weights in model.weights.h5. Logging in is the hub client's: "
+        "`huggingface-cli login`, or KAGGLE_USERNAME and KAGGLE_KEY.",
+    )
+    p.add_argument("handle", help="kaggle://OWNER/MODEL/keras/VARIANT or hf://OWNER/MODEL")
+    p.add_argument("--preset", required=True, help="a preset directory, or the name of a shipped preset")
+
+
+def _upload(args):
+    from keras_transformer.presets import upload_preset
+
+    upload_preset(args.handle, args.preset)
+    print(f"Uploaded {args.preset} to {args.handle}")

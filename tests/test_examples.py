@@ -256,7 +256,8 @@ def test_weights_of_other_sizes_become_a_preset_of_those_sizes_with_their_comman
     token_ids_example.to_preset(argparse.Namespace(weights=str(tmp_path / "tiny.npz"),
                                                    preset="transformer_multi30k_en_de", weights_storage="int8",
                                                    output_dir=str(tmp_path / "int8")))
-    assert (tmp_path / "int8" / "model.weights.int8.npz").exists()
+    assert json.loads((tmp_path / "int8" / "metadata.json").read_text())["weights_storage"] == "int8"
+    assert sorted(json.loads((tmp_path / "int8" / "metadata.json").read_text())["weights_sha256"]) == ["model.weights.h5"]
     stored = TransformerSeq2SeqLM.from_preset(str(tmp_path / "int8"))
     for loaded, saved in zip(stored.backbone.get_weights(), weights):
         assert np.abs(loaded - saved).max() <= np.abs(saved).max() / 254 * 1.001

@@ -69,7 +69,7 @@ class PresetIO:
         check(preset, cls.preset_needs, load_weights)
         directory = resolve(os.fspath(preset))
         # Weights stored in int8 load through keras-hub's loader too: it
-        # passes their index to `TransformerBackbone.load_weights`.
+        # passes their file to `TransformerBackbone.load_weights`.
         try:
             loaded = super().from_preset(directory, *args, **kwargs)
         except PresetError:
@@ -105,8 +105,9 @@ class PresetIO:
             metadata: a dict to record in `metadata.json`.
             weights_storage: `"float"` (the default): the weights as the
                 model holds them, in `model.weights.h5`; `"int8"` (a
-                backbone or task): in `model.weights.int8.npz`, about half
-                the size of float16 weights, loading as a float model (see
+                backbone or task): as Keras stores int8 layers, in
+                `model.weights.h5` too, about half the size of float16
+                weights, loading as a float model (see
                 `keras_transformer.presets.int8`).
 
         Example:

@@ -9,7 +9,7 @@ this package takes:
   `TransformerSeq2SeqLM.from_preset("transformer_multi30k_en_de")`;
 - a local directory written by `save_to_preset`;
 - any handle keras-hub understands: `kaggle://owner/model/keras/variant`,
-  `hf://owner/model`, `gs://...` (upload one with `keras_hub.upload_preset`);
+  `hf://owner/model`, `gs://...` (upload one with `upload_preset`);
 - a Marian (opus-mt) checkpoint as transformers saves it, in a directory or
   as an `hf://` handle such as `hf://Helsinki-NLP/opus-mt-en-de`, converted
   on loading (`keras_transformer.convert.marian`).
@@ -18,9 +18,13 @@ this package takes:
 scores; `keras-transformer presets` prints them.
 
 `save_to_preset(..., weights_storage="int8")` and `store_int8` store a
-preset's weights in int8 (`model.weights.int8.npz`, about half the size of
-float16 weights); such a preset loads as a float model
-(`keras_transformer.presets.int8`).
+preset's weights in int8 (as Keras stores int8 layers, in
+`model.weights.h5`: about half the size of float16 weights); such a preset
+loads as a float model (`keras_transformer.presets.int8`).
+
+`upload_preset(handle, preset)` (`keras-transformer upload`) shares a preset
+on Kaggle or the Hugging Face hub with keras-hub's `upload_preset`, after
+its checks on every model of the preset (`keras_transformer.presets.sharing`).
 
 The presets sit below the models, as data: this package reads, checks and
 saves preset directories (an unknown name lists the shipped ones; a missing
@@ -65,3 +69,4 @@ from keras_transformer.presets.registry import read_metadata
 from keras_transformer.presets.registry import read_preset_file
 from keras_transformer.presets.registry import resolve
 from keras_transformer.presets.saving import saving
+from keras_transformer.presets.sharing import upload_preset

@@ -7,6 +7,7 @@ import re
 import warnings
 
 from keras_transformer.presets import int8
+from keras_transformer.presets import int8_legacy
 from keras_transformer.presets.classes import PACKAGE_PREFIX
 from keras_transformer.presets.classes import registered_names
 from keras_transformer.presets.layout import ASSETS_DIR
@@ -227,12 +228,13 @@ def _check_weights(directory, checksums, metadata):
     """Each weights file exists, matches the SHA-256 recorded in the
     metadata (every save of this package records it: HDF5 reads a file with
     damaged bytes inside a tensor without error), and is readable HDF5 (or,
-    for weights stored in int8, a readable archive: presets/int8.py)."""
+    for weights stored in int8 by earlier versions, a readable archive:
+    presets/int8_legacy.py)."""
     import h5py
 
     index = os.path.join(directory, SHARDED_WEIGHTS_INDEX)
-    int8_storage = int8.stored_in_int8(directory, metadata)
-    if int8_storage:
+    archive = int8.storage(directory, metadata) == "npz"
+    if archive:
         _check_int8_index(index)
         files = [os.path.join(directory, INT8_WEIGHTS_FILE)]
     elif os.path.exists(index):
@@ -257,8 +259,8 @@ def _check_weights(directory, checksums, metadata):
                 "again or save the model again. (Weights replaced by hand on "
                 f"purpose: delete {CHECKSUMS_KEY!r} from {METADATA_FILE}.)"
             )
-    if int8_storage:
-        int8.check_file(files[0])
+    if archive:
+        int8_legacy.check_file(files[0])
         return
     for weights in files:
         try:
@@ -272,8 +274,9 @@ def _check_weights(directory, checksums, metadata):
 
 
 def _check_int8_index(index):
-    """The index through which keras-hub hands weights stored in int8 to
-    `TransformerBackbone.load_weights` (presets/int8.py) is there and says so."""
+    """The index through which keras-hub hands weights stored in int8 by
+    earlier versions to `TransformerBackbone.load_weights`
+    (presets/int8_legacy.py) is there and says so."""
     if not os.path.isfile(index):
         raise PresetError(
             f"The preset directory {os.path.dirname(index)!r} stores its weights in int8 but has no "
@@ -319,8 +322,8 @@ def check_loaded(directory, backbone):
     """After loading: the weights files held exactly the backbone's
     variables. Keras loads layers by name and skips the ones a smaller model
     lacks without a word, so a config edited to fewer layers would load.
-    (Weights stored in int8 were matched variable by variable as they
-    loaded: `int8.load_weights`.)"""
+    (Weights stored in int8 were counted or matched variable by variable as
+    they loaded: `int8.load_weights`, `int8_legacy.load_weights`.)"""
     if int8.stored_in_int8(directory):
         return
     expected, found = len(backbone.weights), weights_count(directory)

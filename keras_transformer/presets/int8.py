@@ -1,108 +1,73 @@
 """Int8 storage of a preset's weights: about half the size of float16
-weights, loading as an ordinary float model.
+weights, in Keras' own `model.weights.h5`, loading as an ordinary float
+model.
 
 This is a way of storing weights, not of computing with them (for that,
 see `TransformerSeq2SeqLM.quantize`, Keras's int8 computation). A backbone
 saved with `save_to_preset(..., weights_storage="int8")`, or converted by
-`store_int8`, keeps its weights in `model.weights.int8.npz` instead of
-`model.weights.h5`; `from_preset` builds the model from its config as
-usual (float32 unless `dtype=...` asks for another precision), turns the
-stored integers back into floats and assigns them. The loaded model is an
-ordinary float model: training, decoding and its fast paths run exactly
-as they do for a preset stored in float16, on weights that differ from the
-saved ones by at most half a quantization step.
+`store_int8`, keeps its float config (`config.json`, `task.json`) and its
+weights in `model.weights.h5` exactly as Keras writes them for the model
+quantized to int8 (`keras.Model.quantize("int8")`, then `save_weights`):
+each layer that Keras quantizes (the token embedding, every `Dense` and
+`EinsumDense` projection) holds int8 values `q` and a float32 scale per
+output channel (a row of the embedding; a column of a kernel; for an
+attention's `(d_model, heads, d_k)` query kernel, each head and
+dimension), Keras's abs-max quantization:
 
-Each float weight of two or more axes (embedding tables, kernels) is
-stored as int8 `q` with a float32 scale per output channel, symmetric
-(no zero point):
+    scale = 127 / max |w|  (over the axes a channel spans)
+    q = round(w * scale)   (in -127..127)
+    w ~= q / scale         (|w - q / scale| <= 0.5 / scale)
 
-    scale = max |w| / 127  (over the axes a channel spans)
-    q = round(w / scale)   (in -127..127)
-    w ~= q * scale         (|w - q * scale| <= scale / 2)
+Biases and LayerNorm weights are stored in float32. The file's root
+attributes say so (`STORAGE_ATTRIBUTE`, and `LAYERS_ATTRIBUTE`: the paths
+of the quantized layers) and `metadata.json` records
+`"weights_storage": "int8"` with the file's SHA-256.
 
-An output channel is a column of a `Dense` kernel `(d_in, d_out)`; of an
-`EinsumDense` kernel, each position on the axes that its equation does
-not sum over (an attention's query kernel `(d_model, heads, d_k)` has a
-scale per head and dimension); of anything else, such as the token
-embedding `(vocabulary, d_model)`, a row: the embedding is looked up by
-row, and as the tied output projection its row is an output token's.
-Biases and weights of fewer axes (LayerNorm's gamma and beta) are stored
-as the model holds them (float16 or float32, bfloat16 as float32): they
-are a small part of the file.
+`from_preset` builds the float model from the config as usual (float32
+unless `dtype=...` asks for another precision); its `load_weights` reads
+the file into a copy of the model whose layers are int8 (Keras checks the
+file against it, layer by layer) and assigns `q / scale` to the float
+model. keras-hub's own loader, which calls the backbone's `load_weights`,
+and `keras_hub.upload_preset`, which checks for `model.weights.h5`, take
+such a preset as any other; a model quantized with `quantize("int8")`
+reads the file with Keras' own `load_weights`.
 
-The file is a compressed NumPy `.npz` archive (read with `numpy.load`, no
-pickles):
-for each variable, `<variable.path>` holds its int8 values (or the vector
-itself) and `<variable.path>:scale` its scales, with the weight's number
-of axes (size 1 on the summed axes) so that `q * scale` broadcasts;
-`__format__` names the format. `metadata.json` records
-`"weights_storage": "int8"` and the file's SHA-256 in `weights_sha256`,
-which loading checks as it does for `model.weights.h5`.
+Presets saved by earlier versions keep their int8 weights in
+`model.weights.int8.npz` (`keras_transformer.presets.int8_legacy`): they
+load as before, and `store_int8` writes them in this format.
 """
 
-import io
+import contextlib
+import gc
 import json
 import os
-import zipfile
+import warnings
 
 import numpy as np
 
+from keras_transformer.presets import int8_legacy
 from keras_transformer.presets.layout import INT8_WEIGHTS_FILE
-from keras_transformer.presets.layout import SHARDED_WEIGHTS_INDEX
 from keras_transformer.presets.layout import STORAGE_KEY
 from keras_transformer.presets.layout import WEIGHTS_ENTRIES
+from keras_transformer.presets.layout import WEIGHTS_FILE
 from keras_transformer.presets.layout import PresetError
 from keras_transformer.presets.layout import weights_do_not_fit
 from keras_transformer.utils.files import matching
-from keras_transformer.utils.reading import read_json
 
-FORMAT_KEY = "__format__"
-FORMAT = "keras_transformer int8 weights, version 1"
-SCALE_SUFFIX = ":scale"
-# model.weights.json of a preset stored in int8 (see `write_index`).
-INDEX = {STORAGE_KEY: "int8", "weight_map": {"*": INT8_WEIGHTS_FILE}}
 STORAGES = ("float", "int8")
-# The entries' date in the archive: fixed, so that the same weights give
-# the same bytes (and SHA-256) at every save.
-_DATE = (1980, 1, 1, 0, 0, 0)
-
-
-def quantize(values, axes):
-    """Symmetric int8 quantization of `values` with one scale per slice
-    along the axes not in `axes`.
-
-    Args:
-        values: a float array.
-        axes: the axes each scale spans (those reduced by the max).
-
-    Returns:
-        `(q, scale)`: int8 values in -127..127 and float32 scales with
-        `values`' number of axes (size 1 on `axes`); `q * scale` is within
-        `scale / 2` of `values`. A slice of zeros has scale 0.
-
-    Example:
-
-    >>> q, scale = quantize(np.array([[0.6, -1.0], [0.25, 0.02]]), axes=(1,))
-    >>> q.tolist(), [round(float(s), 5) for s in scale.ravel()]
-    ([[76, -127], [127, 10]], [0.00787, 0.00197])
-    """
-    values = np.asarray(values, dtype="float32")
-    if not np.all(np.isfinite(values)):
-        raise ValueError("Cannot store weights holding NaN or infinite values in int8.")
-    scale = (np.max(np.abs(values), axis=tuple(axes), keepdims=True) / 127).astype("float32")
-    q = np.round(values / np.where(scale > 0, scale, 1))
-    return np.clip(q, -127, 127).astype("int8"), scale
-
-
-def dequantize(q, scale):
-    """The float32 weights `q * scale` that `quantize` stored."""
-    return q.astype("float32") * scale
+# The root attributes of model.weights.h5 stored in int8: "int8", and the
+# JSON list of the paths of the layers that hold int8 values.
+STORAGE_ATTRIBUTE = "keras_transformer.weights_storage"
+LAYERS_ATTRIBUTE = "keras_transformer.int8_layers"
+SCALE_SUFFIX = "_scale"  # Keras' int8 layers: `kernel` and `kernel_scale`
 
 
 def channel_axes(backbone):
     """The axes that each weight's scales span, by variable path, for the
-    weights of `backbone` stored in int8: floats of two or more axes, but
-    for biases (an attention's query bias is `(heads, d_k)`)."""
+    float weights of `backbone` of two or more axes but for biases (an
+    attention's query bias is `(heads, d_k)`): the axes a `Dense` or
+    `EinsumDense` kernel sums over, all axes but the first of anything
+    else (a row of the token embedding)."""
     import keras
 
     kernels, biases = {}, set()
@@ -144,18 +109,14 @@ def check_storage(weights_storage):
     if weights_storage not in STORAGES:
         raise ValueError(
             f"`weights_storage` must be one of {STORAGES}, got {weights_storage!r}: \"float\" stores the "
-            "weights as the model holds them (model.weights.h5), \"int8\" in about half the size "
-            f"({INT8_WEIGHTS_FILE})."
+            "weights as the model holds them, \"int8\" in about half the size (both in model.weights.h5)."
         )
 
 
 def check_storable(backbone):
     """Refuses a model that Keras already quantized (its int8 weights are
     stored as such in model.weights.h5)."""
-    quantized = [
-        layer.name for layer in backbone._flatten_layers()
-        if getattr(getattr(layer, "dtype_policy", None), "quantization_mode", None)
-    ]
+    quantized = _quantized_layers(backbone)
     if quantized:
         raise ValueError(
             f"This model computes with quantized weights (`quantize`, layer {quantized[0]!r}); "
@@ -164,167 +125,204 @@ def check_storable(backbone):
         )
 
 
+def _quantized_layers(model):
+    return [
+        layer.path for layer in model._flatten_layers(include_self=False)
+        if getattr(layer, "quantization_mode", None)
+    ]
+
+
 def write_weights(backbone, path):
-    """Writes the weights of `backbone` into `path` as int8 (see the
-    module's docstring for the format)."""
+    """Writes the weights of `backbone` into `path` (a `.weights.h5`) as
+    Keras writes them for the model quantized to int8 (see the module's
+    docstring)."""
+    import h5py
     import keras
 
+    values = [keras.ops.convert_to_numpy(variable) for variable in backbone.weights]
+    for variable, value in zip(backbone.weights, values):
+        if _is_float(variable.dtype) and not np.all(np.isfinite(value.astype("float32"))):
+            raise ValueError(
+                f"Cannot store the weights in int8: {variable.path!r} holds NaN or infinite values. "
+                "Save weights from before training diverged."
+            )
+    # A float32 copy of the model, quantized by Keras.
+    twin = type(backbone).from_config({**backbone.get_config(), "dtype": "float32"})
+    for variable, value in zip(twin.weights, values):
+        variable.assign(value.astype("float32") if _is_float(variable.dtype) else value)
+    with _few_collections(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # (layers that Keras does not quantize, such as inputs)
+        twin.quantize("int8")
+    layers = _quantized_layers(twin)
+    # What the file holds reads back within half a step of each weight:
+    # Keras' scales have the channels' shape this module reads them in.
     axes = channel_axes(backbone)
-    arrays = {FORMAT_KEY: np.array(FORMAT)}
-    for variable in backbone.weights:
-        values = keras.ops.convert_to_numpy(variable)
-        if variable.path in axes:
-            if not np.all(np.isfinite(values)):
-                raise ValueError(
-                    f"Cannot store the weights in int8: {variable.path!r} holds NaN or infinite values. "
-                    "Save weights from before training diverged."
-                )
-            arrays[variable.path], arrays[variable.path + SCALE_SUFFIX] = quantize(values, axes[variable.path])
-        elif _is_float(variable.dtype) and values.dtype not in (np.float16, np.float32, np.float64):
-            arrays[variable.path] = values.astype("float32")  # bfloat16, which NumPy cannot store
-        else:
-            arrays[variable.path] = values
-    # Compressed as `numpy.savez_compressed` does: int8 values of a trained
-    # model are not uniform, and deflate takes about a tenth more off.
-    with zipfile.ZipFile(path, "w", compression=zipfile.ZIP_DEFLATED) as archive:
-        for key, array in arrays.items():
-            entry = zipfile.ZipInfo(key + ".npy", date_time=_DATE)
-            entry.compress_type = zipfile.ZIP_DEFLATED
-            with archive.open(entry, "w", force_zip64=True) as f:
-                np.lib.format.write_array(f, np.asarray(array, order="C"), allow_pickle=False)
+    stored = _float_values(twin, axes, path)
+    for variable, value in zip(backbone.weights, values):
+        value = value.astype("float32")
+        step = np.abs(value).max(axis=axes.get(variable.path, ()), keepdims=True) / 127
+        if np.any(np.abs(stored[variable.path] - value) > step / 2 * (1 + 1e-4) + 1e-7):
+            raise RuntimeError(f"Keras {keras.__version__} quantized {variable.path!r} in a layout this version "
+                               "of keras_transformer does not read: store the weights as float.")
+    twin.save_weights(path)
+    with h5py.File(path, "a") as f:
+        f.attrs[STORAGE_ATTRIBUTE] = "int8"
+        f.attrs[LAYERS_ATTRIBUTE] = json.dumps(layers)
 
 
-def store_backbone(backbone, directory):
-    """Puts the int8 weights of `backbone` in place of the float weights
-    files that a save wrote into `directory`, with their index."""
-    write_weights(backbone, os.path.join(directory, INT8_WEIGHTS_FILE))
-    for name in matching(directory, WEIGHTS_ENTRIES) - {INT8_WEIGHTS_FILE}:
-        os.remove(os.path.join(directory, name))
-    write_index(directory)
-
-
-def write_index(directory):
-    """Writes the index of the int8 weights in `directory`.
-
-    keras-hub's own loader (`keras_hub.models.Seq2SeqLM.from_preset`,
-    which has no hook for another weights format) reads a preset without
-    `model.weights.h5` as sharded: it fetches the files that
-    `model.weights.json` maps to (downloading them for a `kaggle://` or
-    `hf://` handle) and passes the index to the backbone's `load_weights`,
-    which reads this one as int8 weights (`TransformerBackbone.load_weights`).
-    """
-    with open(os.path.join(directory, SHARDED_WEIGHTS_INDEX), "w") as f:
-        json.dump(INDEX, f, indent=1)
-
-
-def is_index(path):
-    """Whether `path` is the index of int8 weights that `write_index` wrote."""
-    if os.path.basename(os.fspath(path)) != SHARDED_WEIGHTS_INDEX or not os.path.isfile(path):
-        return False
+@contextlib.contextmanager
+def _few_collections():
+    """Keras collects garbage each time it replaces a layer's weights by
+    quantized ones (49 times for a 3+3-layer model, half a second each with
+    TensorFlow and PyTorch loaded): the objects there are before are left
+    out of those collections."""
+    gc.freeze()
     try:
-        return read_json(path).get(STORAGE_KEY) == "int8"
-    except (OSError, ValueError, AttributeError):
-        return False
+        yield
+    finally:
+        gc.unfreeze()
 
 
-def stored_in_int8(directory, metadata=None):
-    """Whether the preset in `directory` (a local directory, or a handle
-    whose `metadata` is given) keeps its weights in int8."""
+def _float_values(twin, axes, path):
+    """The float32 values of the int8 model `twin`'s weights, `q / scale`
+    for its int8 values, by variable path."""
+    import keras
+
+    variables = {variable.path: variable for variable in twin.weights}
+    values = {}
+    for name, variable in variables.items():
+        value = keras.ops.convert_to_numpy(variable)
+        if value.dtype != np.int8:
+            base = variables.get(name.removesuffix(SCALE_SUFFIX)) if name.endswith(SCALE_SUFFIX) else None
+            if base is None or keras.backend.standardize_dtype(base.dtype) != "int8":
+                values[name] = value  # (not the scale of int8 values)
+            continue
+        scale = keras.ops.convert_to_numpy(variables[name + SCALE_SUFFIX]).astype("float32")
+        shape = [1 if axis in axes.get(name, ()) else n for axis, n in enumerate(value.shape)]
+        if name not in axes or scale.size != np.prod(shape) or not np.all(np.isfinite(scale) & (scale > 0)):
+            raise PresetError(
+                f"The weights file {path!r} is corrupt: the int8 weights {name!r} {value.shape} have scales "
+                f"{scale.shape} that are not one positive number per output channel. Copy the preset again "
+                "or save the model again."
+            )
+        values[name] = value.astype("float32") / scale.reshape(shape)
+    return values
+
+
+def stored_layers(path):
+    """The paths of the layers whose int8 values the weights file `path`
+    holds, if it holds weights stored in int8 (see the module's
+    docstring); None for any other file."""
+    import h5py
+
+    path = os.fspath(path)
+    if not path.endswith(".weights.h5") or not os.path.isfile(path):
+        return None
+    try:
+        with h5py.File(path, "r") as f:
+            if f.attrs.get(STORAGE_ATTRIBUTE) != "int8":
+                return None
+            layers = json.loads(f.attrs.get(LAYERS_ATTRIBUTE, "null"))
+    except (OSError, ValueError, TypeError):  # not HDF5 (checks.py names it), or a damaged attribute
+        layers = None
+    if not isinstance(layers, list) or not all(isinstance(layer, str) for layer in layers):
+        raise PresetError(
+            f"The weights file {path!r} is corrupt: it says it holds weights stored in int8, but not which "
+            f"layers hold them ({LAYERS_ATTRIBUTE!r}). Copy the preset again or save the model again."
+        )
+    return layers
+
+
+def load_weights(backbone, path, directory):
+    """Assigns the weights stored in int8 in `path` to the float model
+    `backbone`, as floats of its variables' dtype (see the module's
+    docstring).
+
+    Raises:
+        PresetError: the file is corrupt, or its weights are not exactly
+            those of `backbone` (the config in `directory` is another
+            model's).
+    """
+    import h5py
+    import keras
+
+    policies = keras.dtype_policies.DTypePolicyMap(default_policy="float32")
+    for layer in stored_layers(path):
+        policies[layer] = keras.dtype_policies.QuantizedDTypePolicy("int8", "float32")
+    twin = type(backbone).from_config({**backbone.get_config(), "dtype": policies})
+    try:
+        keras.Model.load_weights(twin, path)
+    except (ValueError, KeyError, TypeError) as error:
+        raise weights_do_not_fit(directory, f"{type(error).__name__}: {error}", path) from error
+    with h5py.File(path, "r") as f:
+        count = []
+        f.visititems(lambda name, item: count.append(name) if isinstance(item, h5py.Dataset) else None)
+    if len(count) != len(twin.weights):
+        # Keras skips the layers of the file that the model lacks.
+        raise weights_do_not_fit(
+            directory,
+            f"they hold {len(count)} variables, the model built from the config has {len(twin.weights)} "
+            f"stored in int8 (num_layers: {getattr(backbone, 'num_layers', '?')})",
+            path,
+        )
+    values = _float_values(twin, channel_axes(backbone), path)
+    for variable in backbone.weights:
+        value = values.get(variable.path)
+        if value is None or value.shape != tuple(variable.shape):
+            details = f"they hold no variable {variable.path!r} {tuple(variable.shape)}"
+            raise weights_do_not_fit(directory, details, path)
+    for variable in backbone.weights:
+        variable.assign(values[variable.path])
+
+
+def storage(directory, metadata=None):
+    """How the preset in `directory` (a local directory, or a handle whose
+    `metadata` is given) stores its weights in int8: `"h5"` (this module),
+    `"npz"` (`int8_legacy`), or None (as the model holds them)."""
     if metadata is None:
         from keras_transformer.presets.registry import preset_metadata
 
         metadata = preset_metadata(directory)
+    if "://" in directory:
+        return "h5" if metadata.get(STORAGE_KEY) == "int8" else None
+    if int8_legacy.stored_in_archive(directory):
+        return "npz"
     if metadata.get(STORAGE_KEY) == "int8":
-        return True
-    # metadata.json lost or rewritten by hand: the files say it.
-    if "://" in directory or not os.path.isfile(os.path.join(directory, INT8_WEIGHTS_FILE)):
-        return False
-    others = matching(directory, WEIGHTS_ENTRIES) - {INT8_WEIGHTS_FILE}
-    if is_index(os.path.join(directory, SHARDED_WEIGHTS_INDEX)):
-        others -= {SHARDED_WEIGHTS_INDEX}
-    return not others
-
-
-def _corrupt(path, error):
-    return PresetError(
-        f"The weights file {path!r} is corrupt or truncated ({type(error).__name__}: {error}). "
-        "Copy the preset again or save the model again."
-    )
-
-
-def check_file(path):
-    """A readable int8 weights file: every entry's checksum (CRC-32) holds
-    and it names its format."""
-    read_arrays(path)
-
-
-def read_arrays(path):
-    """The arrays of an int8 weights file, each entry's checksum (CRC-32)
-    checked as it is read, its format checked, the format entry left out.
-
-    (`numpy.load` stops reading an entry at the array's last byte, before
-    zipfile checks its checksum: entries are read whole here instead, so
-    that one pass both checks the file and reads it.)
-
-    Raises:
-        PresetError: the file is corrupt or truncated, or not this
-            package's int8 weights.
-    """
+        return "h5"
+    # metadata.json lost or rewritten by hand: the file says it.
+    weights = os.path.join(directory, WEIGHTS_FILE)
     try:
-        with zipfile.ZipFile(path) as archive:
-            arrays = {
-                name.removesuffix(".npy"): np.lib.format.read_array(io.BytesIO(archive.read(name)), allow_pickle=False)
-                for name in archive.namelist()
-            }
-    except Exception as error:  # zipfile's, zlib's and NumPy's errors of a damaged archive
-        raise _corrupt(path, error) from error
-    found = arrays.pop(FORMAT_KEY).item() if FORMAT_KEY in arrays else None
-    if found != FORMAT:
-        raise PresetError(
-            f"The weights file {path!r} is not int8 weights of keras_transformer (its {FORMAT_KEY!r} is "
-            f"{found!r}, expected {FORMAT!r}): it was made by hand or by another version. Save the model "
-            "again, or convert the preset again with `keras_transformer.presets.store_int8`."
-        )
-    return arrays
+        return "h5" if stored_layers(weights) is not None else None
+    except PresetError:
+        return "h5"  # (its loading names the damage)
 
 
-def load_weights(backbone, path, directory):
-    """Assigns the int8 weights in `path` to `backbone`'s variables, as
-    floats of the variables' dtype.
+def stored_in_int8(directory, metadata=None):
+    """Whether the preset in `directory` keeps its weights in int8, in
+    either format (see `storage`)."""
+    return storage(directory, metadata) is not None
 
-    Raises:
-        PresetError: `path` is corrupt, or its variables are not exactly
-            those of `backbone` (the config in `directory` is another
-            model's).
-    """
-    arrays = read_arrays(path)
-    values = {}
-    for variable in backbone.weights:
-        shape = tuple(variable.shape)
-        if variable.path not in arrays:
-            raise weights_do_not_fit(directory, f"they hold no variable {variable.path!r} {shape}", path)
-        value = arrays.pop(variable.path)
-        scale = arrays.pop(variable.path + SCALE_SUFFIX, None)
-        if value.shape != shape:
-            raise weights_do_not_fit(
-                directory, f"{variable.path!r} has shape {value.shape} there, {shape} in the model", path
-            )
-        if scale is not None:
-            fits = scale.ndim == value.ndim and all(s in (1, n) for s, n in zip(scale.shape, shape))
-            if value.dtype != np.int8 or not fits or not np.all(np.isfinite(scale)):
-                raise _corrupt(path, ValueError(
-                    f"{variable.path!r} is stored as {value.dtype} {value.shape} with scales {scale.dtype} "
-                    f"{scale.shape}; expected int8 with finite scales that broadcast"
-                ))
-            value = dequantize(value, scale)
-        values[variable.path] = value
-    if arrays:
-        extra = sorted(key for key in arrays if not key.endswith(SCALE_SUFFIX)) or sorted(arrays)
-        raise weights_do_not_fit(
-            directory,
-            f"they hold variables the model lacks ({len(extra)}, such as {extra[0]!r}; the model has "
-            f"num_layers {getattr(backbone, 'num_layers', '?')})",
-            path,
-        )
-    for variable in backbone.weights:
-        variable.assign(values[variable.path])
+
+def store_backbone(backbone, directory):
+    """Puts the weights of `backbone`, stored in int8, in place of the
+    weights files that a save wrote into `directory`."""
+    write_weights(backbone, os.path.join(directory, WEIGHTS_FILE))
+    for name in matching(directory, WEIGHTS_ENTRIES) - {WEIGHTS_FILE}:
+        os.remove(os.path.join(directory, name))
+
+
+def load_preset_weights(backbone, filepath):
+    """Loads the weights file `filepath` of a preset stored in int8 into
+    the float model `backbone` and returns True; False for any other file
+    (Keras' `load_weights` reads it). `filepath` is what keras-hub's loader
+    passes: `model.weights.h5`, or `model.weights.json` for the index of
+    the archive of earlier versions."""
+    filepath = os.fspath(filepath)
+    directory = os.path.dirname(filepath)
+    if int8_legacy.is_index(filepath):
+        int8_legacy.load_weights(backbone, os.path.join(directory, INT8_WEIGHTS_FILE), directory)
+        return True
+    if _quantized_layers(backbone) or stored_layers(filepath) is None:
+        return False  # (a quantized model reads int8 weights as Keras wrote them)
+    load_weights(backbone, filepath, directory)
+    return True

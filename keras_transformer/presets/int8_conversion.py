@@ -10,7 +10,6 @@ from keras_transformer.presets.classes import config_class
 from keras_transformer.presets.ensembles import member_paths
 from keras_transformer.presets.layout import CONFIG_FILE
 from keras_transformer.presets.layout import PRESET_ENTRIES
-from keras_transformer.presets.layout import SHARDED_WEIGHTS_INDEX
 from keras_transformer.presets.layout import STORAGE_KEY
 from keras_transformer.presets.layout import PresetError
 from keras_transformer.presets.registry import resolve
@@ -25,13 +24,15 @@ def store_int8(preset, output_dir=None):
     `output_dir`.
 
     The preset's backbone weights, and those of each model of an ensemble
-    preset (`ensemble/1`, ...), are stored in `model.weights.int8.npz`
-    (about half the size of float16 weights) in place of
-    `model.weights.h5`; every other file is kept as it is, and
-    `metadata.json` records `"weights_storage": "int8"` and the new
-    file's SHA-256. Loading such a preset gives a float model, as before:
-    see `keras_transformer.presets.int8` for the format and the error
-    bound. Models already stored in int8 are left as they are.
+    preset (`ensemble/1`, ...), are stored in int8 in `model.weights.h5`
+    (about half the size of float16 weights); every other file is kept as
+    it is, and `metadata.json` records `"weights_storage": "int8"` and the
+    new file's SHA-256. Loading such a preset gives a float model, as
+    before: see `keras_transformer.presets.int8` for the format and the
+    error bound. Models already stored so are left as they are; those that
+    earlier versions stored in `model.weights.int8.npz` are written in
+    `model.weights.h5` with the same int8 values (which
+    `keras_hub.upload_preset` takes).
 
     The conversion is written into a fresh directory and moved into place
     at the end: if it fails, `preset` and `output_dir` are left as they
@@ -81,10 +82,10 @@ def store_int8(preset, output_dir=None):
             copy(os.path.join(source, name), os.path.join(staging, name))
         for path in ["", *members]:
             directory = os.path.join(staging, path)
-            if not int8.stored_in_int8(directory):
+            # (The archive of earlier versions is read and written again:
+            # Keras' quantization of its weights gives back its int8 values.)
+            if int8.storage(directory) != "h5":
                 int8.store_backbone(_float_backbone(os.path.join(source, path)), directory)
-            elif not int8.is_index(os.path.join(directory, SHARDED_WEIGHTS_INDEX)):
-                int8.write_index(directory)  # stored without one
             if path:  # the top directory's metadata is recorded by `saving`
                 record(directory, {STORAGE_KEY: "int8"})
     return os.path.abspath(output_dir or source)

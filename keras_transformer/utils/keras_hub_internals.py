@@ -18,3 +18,9 @@ from keras_hub.src.utils.preset_utils import get_file  # noqa: F401
 # The decorator that runs a tokenizer's or preprocessor's call in TensorFlow
 # and converts its outputs for the backend, as keras-hub's own do.
 from keras_hub.src.utils.tensor_utils import preprocessing_function  # noqa: F401
+
+# The check `keras_hub.upload_preset` runs on a preset directory before it
+# uploads it (a config.json that parses, and model.weights.h5 or shards),
+# run by `keras_transformer.presets.upload_preset` on each model of an
+# ensemble preset too.
+from keras_hub.src.utils.preset_utils import _validate_backbone as validate_backbone  # noqa: F401, E402

@@ -1,8 +1,6 @@
 """The encoder-decoder of "Attention Is All You Need" (paper section 3,
 Figure 1) as a functional Keras model."""
 
-import os
-
 import keras
 import keras_hub
 
@@ -19,7 +17,6 @@ from keras_transformer.models.preset_io import PresetIO
 from keras_transformer.models.transformer.backbone_inputs import KERAS_HUB_NAMES
 from keras_transformer.models.transformer.backbone_inputs import check_inputs
 from keras_transformer.presets import int8
-from keras_transformer.presets.layout import INT8_WEIGHTS_FILE
 from keras_transformer.utils.arguments import check_model_keywords
 
 # "fairseq_sinusoidal": the sinusoids of fairseq checkpoints (M2M100, NLLB).
@@ -361,12 +358,12 @@ class TransformerBackbone(PresetIO, keras_hub.models.Backbone):
         ]
 
     def load_weights(self, filepath, *args, **kwargs):
-        """Keras' `load_weights`, which also reads the index of weights
-        stored in int8 (`keras_transformer.presets.int8`): the file that
-        keras-hub's own loader passes for such a preset."""
-        if int8.is_index(filepath):
-            directory = os.path.dirname(os.fspath(filepath))
-            return int8.load_weights(self, os.path.join(directory, INT8_WEIGHTS_FILE), directory)
+        """Keras' `load_weights`, which also reads weights stored in int8
+        (`keras_transformer.presets.int8`) into this float model: the
+        `model.weights.h5` that keras-hub's own loader passes for such a
+        preset (or the index of the archive of earlier versions)."""
+        if int8.load_preset_weights(self, filepath):
+            return None
         return super().load_weights(filepath, *args, **kwargs)
 
     def get_config(self):
