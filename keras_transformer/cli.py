@@ -7,6 +7,7 @@
     keras-transformer train --source en --target de --output-dir runs/en-de
     keras-transformer evaluate runs/en-de/model --split test_2016_flickr
     keras-transformer attention --preset runs/en-de/model "A man rides a bike." -o attention.png
+    keras-transformer serve --preset transformer_multi30k_en_de --port 5000
 
 Run `keras-transformer COMMAND --help` for the options of each command.
 """
@@ -317,6 +318,22 @@ def _presets(args):
             )
 
 
+def _add_serve(subparsers):
+    from keras_transformer.serving import command
+
+    p = subparsers.add_parser("serve", help="Serve translations over HTTP (LibreTranslate's API) with a web page.",
+                              description=command.DESCRIPTION)
+    command.add_arguments(p)
+
+
+def _serve(args):
+    from keras_transformer.serving import command
+
+    command.require_packages()
+    _leave_out_tensorflow(command.preset_names(args))
+    command.serve(args)
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(
         prog="keras-transformer",
@@ -328,11 +345,12 @@ def main(argv=None):
     _add_attention(subparsers)
     _add_translate(subparsers)
     _add_presets(subparsers)
+    _add_serve(subparsers)
     format_commands = cli_formats.add_commands(subparsers)
     args = parser.parse_args(argv)
     commands = {
         "train": _train, "evaluate": _evaluate, "attention": _attention,
-        "translate": _translate, "presets": _presets, **format_commands,
+        "translate": _translate, "presets": _presets, "serve": _serve, **format_commands,
     }
     try:
         commands[args.command](args)
@@ -393,7 +411,7 @@ def _check_backend_name():
 
 
 def _start_and_run():
-    if sys.argv[1:2] in (["translate"], ["evaluate"]):
+    if sys.argv[1:2] in (["translate"], ["evaluate"], ["serve"]):
         # On PyTorch, without the JAX and matplotlib that Keras imports
         # (utils/tensorflow_free.py): decided before anything imports Keras.
         from keras_transformer.utils import tensorflow_free
@@ -403,7 +421,7 @@ def _start_and_run():
         _quiet_native_logs()
     else:
         os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    if sys.argv[1:2] in (["train"], ["translate"], ["evaluate"]):
+    if sys.argv[1:2] in (["train"], ["translate"], ["evaluate"], ["serve"]):
         # Freed memory kept for reuse, set before the backends start their
         # threads (which keep the heap they start with; utils/memory.py).
         from keras_transformer.utils.memory import reuse_freed_memory

@@ -1,0 +1,486 @@
+"""`keras-transformer serve`: LibreTranslate's API over HTTP, its errors,
+dynamic batching, a client that leaves, SIGTERM, and the page in a
+headless Chromium.
+
+One server process for the module (the shipped en-de preset, its first
+model, greedy), started on a free port and driven with `http.client`; its
+translations are compared with `generate` in this process, one sentence
+at a time. The module's last test stops it with SIGTERM. The parts that
+need no model (the registry, the batcher, a request's checks) are tested
+in this process with stand-ins.
+"""
+
+import concurrent.futures
+import http.client
+import json
+import os
+import queue
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.parse
+
+import keras
+import pytest
+from helpers import once
+
+from keras_transformer.serving.batcher import Batcher
+from keras_transformer.serving.batcher import Job
+from keras_transformer.serving.errors import ApiError
+from keras_transformer.serving.metrics import Metrics
+from keras_transformer.serving.registry import Registry
+from keras_transformer.serving.registry import ServedModel
+from keras_transformer.serving.registry import UnknownPair
+from keras_transformer.serving.translate_request import Limits
+from keras_transformer.serving.translate_request import body_fields
+from keras_transformer.serving.translate_request import check_request
+
+PRESET = "transformer_multi30k_en_de"
+SENTENCES = [
+    "A man is riding a bicycle.",
+    "Two dogs play in the snow.",
+    "A woman in a red dress sings on a stage.",
+    "Children are playing soccer in a park.",
+    "An old man sits on a bench.",
+    "A girl is eating an apple.",
+    "Three people are walking on the beach at sunset.",
+    "A black dog jumps over a fence.",
+    "A group of men are working on a roof.",
+    "The boy throws a ball to his father.",
+    "A cook prepares food in a restaurant kitchen.",
+    "Two women are talking on the street.",
+    "A little girl in a pink shirt climbs a tree.",
+    "People are waiting for the train.",
+    "A man with a hat plays the guitar.",
+    "A brown horse runs through a field.",
+]
+MAX_CHARS, MAX_SENTENCES = 3000, 40
+class Server:
+    """The server process, its base URL and the lines it logged."""
+
+    def __init__(self, process, lines):
+        self.process, self.lines, self.log = process, lines, []
+        self.host, self.port = None, None
+
+    def wait_until_serving(self, seconds=300):
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            try:
+                line = self.lines.get(timeout=1)
+            except queue.Empty:
+                if self.process.poll() is not None:
+                    break
+                continue
+            if line is None:
+                break
+            self.log.append(line)
+            found = re.search(r"Serving .* at http://([\d.]+):(\d+)/", line)
+            if found:
+                self.host, self.port = found.group(1), int(found.group(2))
+                return
+        pytest.fail("the server did not start:\n" + "".join(self.log))
+
+    def request(self, method, path, body=None, headers=None, timeout=120):
+        """(status, parsed JSON or text) of one request."""
+        connection = http.client.HTTPConnection(self.host, self.port, timeout=timeout)
+        try:
+            if isinstance(body, (dict, list)):
+                body, headers = json.dumps(body), {"Content-Type": "application/json", **(headers or {})}
+            connection.request(method, path, body=body, headers=headers or {})
+            response = connection.getresponse()
+            data = response.read().decode("utf-8")
+            kind = response.getheader("content-type") or ""
+            return response.status, json.loads(data) if "json" in kind else data
+        finally:
+            connection.close()
+
+    def translate(self, q, **fields):
+        return self.request("POST", "/translate", {"q": q, "source": "en", "target": "de", **fields})
+
+    def metrics(self):
+        return self.request("GET", "/metrics")[1]
+
+
+@pytest.fixture(scope="module")
+def server():
+    pytest.importorskip("fastapi", reason='needs FastAPI and uvicorn: pip install "keras-aiayn[serve]"')
+    pytest.importorskip("uvicorn", reason='needs FastAPI and uvicorn: pip install "keras-aiayn[serve]"')
+    command = [
+        sys.executable, "-m", "keras_transformer.cli", "serve", "--preset", PRESET, "--first-model-only",
+        "--beam-size", "1", "--port", "0", "--batch-wait-ms", "20", "--max-request-chars", str(MAX_CHARS),
+        "--max-sentences", str(MAX_SENTENCES), "--no-access-log",
+    ]
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                               env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    lines = queue.Queue()
+
+    def read():
+        for line in process.stdout:
+            lines.put(line)
+        lines.put(None)
+
+    threading.Thread(target=read, daemon=True).start()
+    running = Server(process, lines)
+    try:
+        running.wait_until_serving()
+        yield running
+    finally:
+        if process.poll() is None:
+            process.terminate()
+            try:
+                process.wait(60)
+            except subprocess.TimeoutExpired:
+                process.kill()
+
+
+@pytest.fixture(scope="module")
+def expected():
+    """`generate`'s translation of each sentence, one at a time, with the
+    server's model and settings."""
+    from keras_transformer.models import TransformerSeq2SeqLM
+
+    model = TransformerSeq2SeqLM.from_preset(PRESET, load_ensemble=False)
+    found = {}
+
+    def translation(text):
+        if text not in found:
+            found[text] = model.generate(text, sampler="greedy")
+        return found[text]
+
+    return translation
+
+
+def test_translate_one_text_and_a_list(server, expected):
+    status, answer = server.translate(SENTENCES[0])
+    assert (status, answer) == (200, {"translatedText": expected(SENTENCES[0])})
+    status, answer = server.translate(SENTENCES[:3])
+    assert (status, answer) == (200, {"translatedText": [expected(text) for text in SENTENCES[:3]]})
+    # An empty text, alone or in a list, is an empty translation.
+    assert server.translate(["", SENTENCES[1]]) == (200, {"translatedText": ["", expected(SENTENCES[1])]})
+
+
+@once
+def test_form_bodies_and_source_auto(server, expected):
+    form = urllib.parse.urlencode({"q": SENTENCES[4], "source": "auto", "target": "de"})
+    status, answer = server.request(
+        "POST", "/translate", form, {"Content-Type": "application/x-www-form-urlencoded"}
+    )
+    assert status == 200
+    # The one source served into German, named as LibreTranslate names a detected one.
+    assert answer == {"translatedText": expected(SENTENCES[4]),
+                      "detectedLanguage": {"confidence": 100.0, "language": "en"}}
+
+
+@once
+def test_languages_health_and_metrics(server):
+    status, languages = server.request("GET", "/languages")
+    assert status == 200
+    assert {"code": "en", "name": "English", "targets": ["de"]} in languages
+    assert server.request("GET", "/health") == (
+        200, {"status": "ok", "models": [PRESET], "pairs": ["en-de"]}
+    )
+    server.translate(SENTENCES[5])
+    metrics = server.metrics()
+    assert metrics["requests"] >= 1 and metrics["sentences"] >= 1
+    assert metrics["batches"]["count"] >= 1
+    assert set(metrics["latency_seconds"]) == {"p50", "p90", "p99", "count"}
+    assert 0 < metrics["latency_seconds"]["p50"] <= metrics["latency_seconds"]["p99"]
+
+
+@once
+@pytest.mark.parametrize(
+    "body, headers, status, says",
+    [
+        ("{not json", {"Content-Type": "application/json"}, 400, "not valid JSON"),
+        ('["a list"]', {"Content-Type": "application/json"}, 400, "JSON object"),
+        ({"source": "en", "target": "de"}, None, 400, "missing q parameter"),
+        ({"q": "A dog.", "source": "en"}, None, 400, "missing target parameter"),
+        ({"q": 3, "source": "en", "target": "de"}, None, 422, "q must be a string or a list of strings"),
+        ({"q": ["A dog.", None], "source": "en", "target": "de"}, None, 422, "a list holding null"),
+        ({"q": "A dog.", "source": "en", "target": ["de"]}, None, 422, "target must be a string"),
+        ({"q": "A dog.", "source": "en", "target": "de", "format": "pdf"}, None, 400, "'pdf' format"),
+        ({"q": "A dog.", "source": "en", "target": "fr"}, None, 400, "en-fr is not served: this server translates en-de"),
+        ({"q": "A dog.", "source": "de", "target": "en"}, None, 400, "de-en is not served"),
+        ({"q": "x" * (MAX_CHARS + 1), "source": "en", "target": "de"}, None, 413, f"limit of {MAX_CHARS} characters"),
+        ({"q": ["A dog."] * (MAX_SENTENCES + 1), "source": "en", "target": "de"}, None, 413,
+         f"limit of {MAX_SENTENCES} texts"),
+        # generate's own ValueError: a source longer than the model reads.
+        ({"q": " ".join(["A man is riding a bicycle."] * 60), "source": "en", "target": "de"}, None, 400,
+         "max_sequence_length"),
+    ],
+)
+def test_bad_requests_are_json_errors(server, body, headers, status, says):
+    got, answer = server.request("POST", "/translate", body, headers)
+    assert got == status, answer
+    assert set(answer) == {"error"} and says in answer["error"], answer
+    assert "Traceback" not in answer["error"]
+
+
+@once
+def test_other_routes_and_methods_are_json_errors(server):
+    assert server.request("GET", "/no-such-page") == (404, {"error": "Not Found"})
+    assert server.request("GET", "/translate") == (405, {"error": "Method Not Allowed"})
+    assert server.request("GET", "/health")[0] == 200  # still serving
+
+
+def test_concurrent_requests_are_decoded_together(server, expected):
+    """32 clients at once: each gets generate's translation of its sentence,
+    and the server decoded them in fewer batches than sentences."""
+    texts = [SENTENCES[i % len(SENTENCES)] for i in range(32)]
+    wanted = [expected(text) for text in texts]
+    before = server.metrics()["batches"]
+    start = threading.Barrier(len(texts))
+
+    def client(text):
+        start.wait()
+        return server.translate(text)
+
+    with concurrent.futures.ThreadPoolExecutor(len(texts)) as pool:
+        answers = list(pool.map(client, texts))
+    assert answers == [(200, {"translatedText": translation}) for translation in wanted]
+    after = server.metrics()["batches"]
+    batches, sentences = after["count"] - before["count"], after["sentences"] - before["sentences"]
+    assert sentences == len(texts)
+    assert batches < sentences, f"{sentences} sentences in {batches} batches"
+    assert after["max_size"] > 1
+
+
+@once
+def test_a_client_that_leaves_does_not_block_others(server, expected):
+    before = server.metrics()["disconnects"]
+    body = json.dumps({"q": SENTENCES * 2, "source": "en", "target": "de"}).encode()
+    with socket.create_connection((server.host, server.port)) as leaving:
+        leaving.sendall(b"POST /translate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                        b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
+    assert server.translate(SENTENCES[6]) == (200, {"translatedText": expected(SENTENCES[6])})
+    deadline = time.monotonic() + 60
+    while server.metrics()["disconnects"] == before and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert server.metrics()["disconnects"] == before + 1
+    assert server.metrics()["requests_in_flight"] == 0
+
+
+class FakeModel:
+    """A stand-in of a translation model: its `languages`, and the calls of `generate`."""
+
+    def __init__(self, languages=(), fail_on=None):
+        self.languages, self.fail_on, self.calls = list(languages), fail_on, []
+
+    def generate(self, texts, **kwargs):
+        self.calls.append((list(texts), kwargs))
+        if self.fail_on is not None and self.fail_on in texts:
+            raise ValueError(f"cannot translate {self.fail_on!r}")
+        return [f"<{text}>" for text in texts]
+
+
+@once
+def test_registry_serves_each_pair_from_the_first_preset_that_has_it():
+    bilingual = ServedModel("en-de", FakeModel(), {"sampler": "greedy"}, ("en", "de"))
+    m2m = ServedModel("m2m", FakeModel(["__en__", "__de__", "__fr__"]), {}, None)
+    opus = ServedModel("opus", FakeModel([">>de<<", ">>es<<"]), {}, ("en", "mul"))
+    registry = Registry([bilingual, m2m, opus])
+    assert sorted(registry.pairs) == ["de-en", "de-fr", "en-de", "en-es", "en-fr", "fr-de", "fr-en"]
+    assert registry.route("en", "de").served is bilingual
+    route = registry.route("FR", "de")
+    assert (route.served, route.source_language, route.target_language, route.pair) == (m2m, "__fr__", "__de__",
+                                                                                        ("fr", "de"))
+    route = registry.route("en", "es")
+    assert (route.served, route.source_language, route.target_language) == (opus, None, ">>es<<")
+    assert registry.route("auto", "es").pair == ("en", "es")
+    assert registry.route(None, "es").pair == ("en", "es")
+    with pytest.raises(UnknownPair, match="source 'auto' .* served from en, fr"):
+        registry.route("auto", "de")
+    with pytest.raises(UnknownPair, match="xx-de is not served: this server translates en-de, "):
+        registry.route("xx", "de")
+    assert {"code": "fr", "name": "French", "targets": ["de", "en"]} in registry.languages()
+    assert {"code": "es", "name": "Spanish", "targets": []} in registry.languages()
+    # generate gets the model's own codes and the server's settings, all texts at once.
+    assert registry.route("de", "fr").generate(["a", "b"]) == ["<a>", "<b>"]
+    assert m2m.model.calls[-1] == (["a", "b"], {"batch_size": 2, "verbose": 0, "source_language": "__de__",
+                                               "target_language": "__fr__"})
+    registry.route("en", "de").generate(["c"])
+    assert bilingual.model.calls[-1] == (["c"], {"batch_size": 1, "verbose": 0, "sampler": "greedy"})
+    with pytest.raises(ValueError, match="names no languages .* as runs/x=en-de"):
+        Registry([ServedModel("runs/x", FakeModel(), {}, None)])
+
+
+class FakeRoute:
+    def __init__(self, name, model):
+        self.key, self.model = name, model
+
+    def generate(self, texts):
+        return self.model.generate(texts)
+
+
+def _job(route, texts, outcomes):
+    done = threading.Event()
+
+    def deliver(outcome):
+        outcomes[tuple(texts)] = outcome
+        done.set()
+
+    job = Job(route, texts, deliver)
+    job.answered = done
+    return job
+
+
+@once
+def test_the_batcher_decodes_queued_sentences_of_a_route_together_within_the_budget():
+    model = FakeModel()
+    a, b = FakeRoute("a", model), FakeRoute("b", model)
+    metrics, outcomes = Metrics(), {}
+    # Four short sentences fit (4 x 2 estimated tokens), five do not.
+    batcher = Batcher(metrics, max_batch_tokens=8, batch_wait=0)
+    jobs = [_job(a, ["a1", "a2", "a3"], outcomes), _job(b, ["b1"], outcomes), _job(a, ["a4", "a5"], outcomes),
+            _job(a, ["gone"], outcomes)]
+    for job in jobs:
+        batcher.submit(job)
+    batcher.cancel(jobs[3])  # its client left: never decoded
+    batcher.start()
+    batcher.close(timeout=30)
+    assert [texts for texts, _ in model.calls] == [["a1", "a2", "a3", "a4"], ["b1"], ["a5"]]
+    assert outcomes == {("a1", "a2", "a3"): ["<a1>", "<a2>", "<a3>"], ("b1",): ["<b1>"], ("a4", "a5"): ["<a4>", "<a5>"]}
+    assert metrics.snapshot()["batches"] | {"decoding_seconds": 0} == {
+        "count": 3, "sentences": 6, "mean_size": 2.0, "max_size": 4, "size_histogram": {"1": 2, "4-7": 1},
+        "decoding_seconds": 0}
+    with pytest.raises(RuntimeError, match="shutting down"):
+        batcher.submit(_job(a, ["late"], outcomes))
+
+
+@once
+def test_a_failing_batch_fails_only_the_request_that_causes_it():
+    model = FakeModel(fail_on="bad")
+    route, outcomes = FakeRoute("a", model), {}
+    batcher = Batcher(Metrics(), batch_wait=0)
+    for texts in (["ok1"], ["bad", "ok2"], ["ok3"]):
+        batcher.submit(_job(route, texts, outcomes))
+    batcher.start()
+    batcher.close(timeout=30)
+    assert model.calls[0][0] == ["ok1", "bad", "ok2", "ok3"]  # together first, then request by request
+    assert outcomes[("ok1",)] == ["<ok1>"] and outcomes[("ok3",)] == ["<ok3>"]
+    assert isinstance(outcomes[("bad", "ok2")], ValueError)
+
+
+@once
+def test_the_batcher_waits_for_sentences_that_arrive_together():
+    model = FakeModel()
+    route, outcomes = FakeRoute("a", model), {}
+    batcher = Batcher(Metrics(), batch_wait=0.5)
+    batcher.start()
+    jobs = [_job(route, [f"s{i}"], outcomes) for i in range(4)]
+    for job in jobs:
+        batcher.submit(job)
+    for job in jobs:
+        assert job.answered.wait(30)
+    batcher.close(timeout=30)
+    assert [texts for texts, _ in model.calls] == [["s0", "s1", "s2", "s3"]]
+
+
+@once
+def test_a_load_error_reaches_the_caller():
+    def load():
+        raise ValueError("no such preset")
+
+    with pytest.raises(ValueError, match="no such preset"):
+        Batcher(Metrics()).start(load=load)
+
+
+@once
+def test_request_checks():
+    limits = Limits(max_request_chars=12, max_sentences=2)
+    form = body_fields(b"q=A+dog.&q=A+cat.&target=de", "application/x-www-form-urlencoded", "source=en")
+    assert check_request(form, limits) == check_request(
+        {"q": ["A dog.", "A cat."], "source": "en", "target": "de"}, limits)
+    checked = check_request({"q": "", "target": " de "}, limits)
+    assert (checked.texts, checked.single, checked.source, checked.target, checked.format) == (
+        [""], True, "auto", "de", "text")
+    for fields, status in [({"q": ["a", "b", "c"], "target": "de"}, 413), ({"q": "a" * 13, "target": "de"}, 413),
+                           ({"q": "a", "target": "de", "format": "html"}, 400), ({"q": {}, "target": "de"}, 422)]:
+        with pytest.raises(ApiError) as raised:
+            check_request(fields, limits)
+        assert raised.value.status == status, (fields, raised.value.message)
+    with pytest.raises(ApiError, match="multipart/form-data") as raised:
+        body_fields(b"--x", "multipart/form-data; boundary=x")
+    assert raised.value.status == 415
+
+
+@once
+def test_serve_without_its_packages_says_what_to_install(monkeypatch):
+    from keras_transformer.cli import main
+
+    monkeypatch.setitem(sys.modules, "uvicorn", None)  # as if it were not installed
+    with pytest.raises(SystemExit) as raised:
+        main(["serve"])
+    assert 'pip install "keras-aiayn[serve]"' in str(raised.value.code)
+
+
+# Debian's Chromium and its driver (.ci/run installs them where missing).
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+CHROMEDRIVER = shutil.which("chromedriver") or "/usr/bin/chromedriver"
+
+
+@once
+@pytest.mark.skipif(
+    not (os.path.exists(CHROMIUM) and os.path.exists(CHROMEDRIVER)),
+    reason="needs Chromium and its driver (Debian: apt-get install chromium chromium-driver; .ci/run installs them)",
+)
+def test_the_page_translates_in_a_browser(server, expected):
+    webdriver = pytest.importorskip("selenium.webdriver", reason="needs selenium (pip install selenium)")
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support import expected_conditions
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    options = webdriver.ChromeOptions()
+    options.binary_location = CHROMIUM
+    for argument in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+                     "--window-size=1000,620", "--force-device-scale-factor=1"):
+        options.add_argument(argument)
+    # The system's driver: Selenium Manager downloads nothing.
+    browser = webdriver.Chrome(options=options, service=webdriver.ChromeService(executable_path=CHROMEDRIVER))
+    try:
+        browser.get(f"http://{server.host}:{server.port}/")
+        wait = WebDriverWait(browser, 60)
+        wait.until(expected_conditions.element_to_be_clickable((By.ID, "translate")))
+        assert browser.find_element(By.ID, "source").get_attribute("value") == "en"
+        assert browser.find_element(By.ID, "target").get_attribute("value") == "de"
+        browser.find_element(By.ID, "source-text").send_keys(SENTENCES[2])
+        browser.find_element(By.ID, "translate").click()
+        wait.until(lambda driver: driver.find_element(By.ID, "translation").text)
+        assert browser.find_element(By.ID, "translation").text == expected(SENTENCES[2])
+        assert re.fullmatch(r"\d+ ms", browser.find_element(By.ID, "time").text)
+        assert browser.find_element(By.ID, "error").text == ""
+        screenshot = os.environ.get("KERAS_TRANSFORMER_SERVE_SCREENSHOT")
+        if screenshot:  # docs/img/serve_page.png
+            browser.save_screenshot(screenshot)
+    finally:
+        browser.quit()
+
+
+@once
+def test_sigterm_answers_the_requests_in_flight_then_exits(server, expected):
+    """The module's last server test: it stops the server."""
+    texts = [SENTENCES[i:] + SENTENCES[:i] for i in range(6)]
+    stopped = threading.Event()
+
+    def client(q):
+        answer = server.translate(q)
+        return answer, stopped.is_set()
+
+    with concurrent.futures.ThreadPoolExecutor(len(texts)) as pool:
+        futures = [pool.submit(client, q) for q in texts]
+        deadline = time.monotonic() + 60
+        while server.metrics()["requests_in_flight"] < len(texts) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        server.process.send_signal(signal.SIGTERM)
+        stopped.set()
+        results = [future.result() for future in futures]
+    assert [answer for answer, _ in results] == [
+        (200, {"translatedText": [expected(text) for text in q]}) for q in texts
+    ]
+    assert any(after for _, after in results), "every request was answered before SIGTERM: nothing was in flight"
+    assert server.process.wait(120) == 0
