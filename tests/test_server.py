@@ -382,6 +382,28 @@ def test_the_batcher_waits_for_sentences_that_arrive_together():
 
 
 @once
+def test_requests_are_answered_when_the_decoding_thread_stops():
+    class Stopping(FakeModel):
+        def generate(self, texts, **kwargs):
+            raise SystemExit("stopped")
+
+    route, outcomes = FakeRoute("a", Stopping()), {}
+    batcher = Batcher(Metrics(), batch_wait=0)
+    jobs = [_job(route, ["s1"], outcomes), _job(route, ["s2"], outcomes)]
+    for job in jobs:
+        batcher.submit(job)
+    batcher.start()
+    for job in jobs:
+        assert job.answered.wait(30)
+    assert all(isinstance(outcome, RuntimeError) and "decoding thread stopped" in str(outcome)
+               for outcome in outcomes.values())
+    batcher.close(timeout=30)
+    assert not batcher.alive
+    with pytest.raises(RuntimeError):
+        batcher.submit(_job(route, ["s3"], outcomes))
+
+
+@once
 def test_a_load_error_reaches_the_caller():
     def load():
         raise ValueError("no such preset")

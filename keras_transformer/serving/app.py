@@ -69,6 +69,8 @@ def create_app(registry, batcher, metrics, limits=Limits()):
 
     @app.get("/health")
     async def health():
+        if not batcher.alive:
+            return JSONResponse({"status": "error", "error": "the decoding thread stopped"}, status_code=503)
         return {"status": "ok", "models": [served.name for served in registry.served], "pairs": registry.pairs}
 
     @app.get("/metrics")

@@ -133,13 +133,27 @@ class Batcher:
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(timeout)
 
+    @property
+    def alive(self):
+        """Whether the decoding thread runs (`GET /health`)."""
+        return self._thread is not None and self._thread.is_alive()
+
     def _serve(self):
-        while True:
-            batch = self._next_batch()
-            if batch is None:
-                return
-            if batch:  # (empty when the jobs it held were given up while it waited)
-                self._decode(batch)
+        batch = []
+        try:
+            while True:
+                batch = self._next_batch()
+                if batch is None:
+                    return
+                if batch:  # (empty when the jobs it held were given up while it waited)
+                    self._decode(batch)
+        except BaseException as error:  # noqa: BLE001 - the thread's end: no request is left waiting
+            logger.critical("the decoding thread stopped", exc_info=error)
+            with self._condition:
+                self._closing = True
+                jobs = list({id(job): job for job, _ in [*(batch or ()), *self._items]}.values())
+            for job in jobs:
+                self._finish(job, RuntimeError(f"the decoding thread stopped ({type(error).__name__}: {error})"))
 
     def _next_batch(self):
         """The next batch: queued sentences of the first one's route, up to
