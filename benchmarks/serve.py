@@ -51,8 +51,9 @@ def sentences(args):
 
 def start_server(args):
     command = [sys.executable, "-m", "keras_transformer.cli", "serve", "--preset", args.preset, "--port", "0",
-               "--beam-size", str(args.beam_size), "--no-access-log", *(["--first-model-only"] if
-                                                                          args.first_model_only else [])]
+               "--beam-size", str(args.beam_size), "--no-access-log"]
+    command += ["--first-model-only"] if args.first_model_only else []
+    command += ["--batch-wait-ms", str(args.batch_wait_ms)] if args.batch_wait_ms is not None else []
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     for line in process.stdout:
         found = re.search(r"Serving .* at http://([\d.]+):(\d+)/", line)
@@ -62,8 +63,10 @@ def start_server(args):
     raise SystemExit(f"the server did not start (exit status {process.wait()})")
 
 
-def call(host, port, method, path, body=None):
-    connection = http.client.HTTPConnection(host, port, timeout=600)
+def call(host, port, method, path, body=None, connection=None):
+    """One request's JSON answer, on `connection` (kept open) or a new one."""
+    own = connection is None
+    connection = connection or http.client.HTTPConnection(host, port, timeout=600)
     try:
         headers = {"Content-Type": "application/json"} if body is not None else {}
         connection.request(method, path, body=None if body is None else json.dumps(body), headers=headers)
@@ -73,7 +76,8 @@ def call(host, port, method, path, body=None):
             raise RuntimeError(f"{response.status}: {answer}")
         return answer
     finally:
-        connection.close()
+        if own:
+            connection.close()
 
 
 def through_server(host, port, texts, clients):
@@ -83,14 +87,18 @@ def through_server(host, port, texts, clients):
         todo.put((i, text))
     out = [None] * len(texts)
 
-    def client():
-        while True:
-            try:
-                i, text = todo.get_nowait()
-            except queue.Empty:
-                return
-            out[i] = call(host, port, "POST", "/translate", {"q": text, "source": "en", "target": "de"})[
-                "translatedText"]
+    def client():  # one connection, kept alive, as an HTTP client library keeps it
+        connection = http.client.HTTPConnection(host, port, timeout=600)
+        try:
+            while True:
+                try:
+                    i, text = todo.get_nowait()
+                except queue.Empty:
+                    return
+                out[i] = call(host, port, "POST", "/translate", {"q": text, "source": "en", "target": "de"},
+                              connection)["translatedText"]
+        finally:
+            connection.close()
 
     before = call(host, port, "GET", "/metrics")["batches"]
     started = time.perf_counter()
@@ -108,6 +116,7 @@ def main():
     parser.add_argument("--preset", default="transformer_multi30k_en_de")
     parser.add_argument("--first-model-only", action="store_true")
     parser.add_argument("--beam-size", type=int, default=4)
+    parser.add_argument("--batch-wait-ms", type=float, help="the server's (default: its default)")
     parser.add_argument("--sentences", type=int, default=128)
     parser.add_argument("--clients", default="1,8,32")
     parser.add_argument("--rounds", type=int, default=3, help="passes of each, taken in turn (default: 3)")

@@ -25,7 +25,6 @@ import threading
 import time
 import urllib.parse
 
-import keras
 import pytest
 from helpers import once
 
@@ -203,7 +202,8 @@ def test_languages_health_and_metrics(server):
         ({"q": ["A dog.", None], "source": "en", "target": "de"}, None, 422, "a list holding null"),
         ({"q": "A dog.", "source": "en", "target": ["de"]}, None, 422, "target must be a string"),
         ({"q": "A dog.", "source": "en", "target": "de", "format": "pdf"}, None, 400, "'pdf' format"),
-        ({"q": "A dog.", "source": "en", "target": "fr"}, None, 400, "en-fr is not served: this server translates en-de"),
+        ({"q": "A dog.", "source": "en", "target": "fr"}, None, 400,
+         "en-fr is not served: this server translates en-de"),
         ({"q": "A dog.", "source": "de", "target": "en"}, None, 400, "de-en is not served"),
         ({"q": "x" * (MAX_CHARS + 1), "source": "en", "target": "de"}, None, 413, f"limit of {MAX_CHARS} characters"),
         ({"q": ["A dog."] * (MAX_SENTENCES + 1), "source": "en", "target": "de"}, None, 413,

@@ -4,10 +4,12 @@ decoded together.
 One thread owns the models (they are not thread-safe, and Keras keeps
 some state per thread): it loads them, then takes the queued sentences of
 one route (model and languages), waits a few milliseconds for more while
-the batch is under its token budget, calls `generate` once for all of
-them, and hands each request its translations through its event loop
-(`loop.call_soon_threadsafe`). While it decodes, new requests queue, so
-that under load each batch holds what arrived during the last one.
+they keep coming and the batch is under its token budget (the clients
+that the last batch answered send their next sentences then), calls
+`generate` once for all of them, and hands each request its translations
+through its event loop (`loop.call_soon_threadsafe`). While it decodes,
+new requests queue, so that under load each batch holds what arrived
+during the last one.
 
 A request whose client left is dropped from the queue; a batch that fails
 is decoded again request by request, so that one bad request fails alone;
@@ -21,10 +23,13 @@ from collections import deque
 
 logger = logging.getLogger("keras_transformer.serving")
 
-# A batch's token budget, and how long the first sentence of a batch waits
-# for others (the command's --max-batch-tokens and --batch-wait-ms).
+# A batch's token budget, and how long a batch waits for another sentence
+# (the command's --max-batch-tokens and --batch-wait-ms).
 DEFAULT_MAX_BATCH_TOKENS = 4096
 DEFAULT_BATCH_WAIT_SECONDS = 0.005
+# A batch waits for more sentences while they keep coming, at most this
+# many times the wait in all.
+MAX_WAITS = 10
 
 
 def estimate_tokens(text):
@@ -66,9 +71,11 @@ class Batcher:
         max_batch_tokens: a batch holds sentences of one route while
             (sentences) x (the longest's estimated tokens) stays within
             this (a longer sentence goes alone).
-        batch_wait: seconds a queued sentence waits for others to join
-            its batch (counted from its arrival: none once the queue held
-            it while the model was busy).
+        batch_wait: seconds a batch waits for another sentence to join it
+            (from the later of its first sentence's arrival, the end of the
+            last batch and the last arrival; so that the clients the last
+            batch answered join with their next sentences), at most
+            `MAX_WAITS` times this in all.
     """
 
     def __init__(self, metrics, max_batch_tokens=DEFAULT_MAX_BATCH_TOKENS, batch_wait=DEFAULT_BATCH_WAIT_SECONDS):
@@ -79,6 +86,8 @@ class Batcher:
         self._condition = threading.Condition()
         self._closing = False
         self._thread = None
+        self._last_batch_end = float("-inf")
+        self._last_arrival = float("-inf")
 
     def start(self, load=None):
         """Starts the decoding thread; it first runs `load()` (the models
@@ -111,6 +120,7 @@ class Batcher:
             if self._closing:
                 raise RuntimeError("the server is shutting down")
             self._items.extend((job, index) for index in range(len(job.texts)))
+            self._last_arrival = job.queued_at
             self._condition.notify()
 
     def cancel(self, job):
@@ -157,17 +167,24 @@ class Batcher:
 
     def _next_batch(self):
         """The next batch: queued sentences of the first one's route, up to
-        the token budget, once the budget is full, the first has waited
-        `batch_wait`, or the server is closing. None to stop."""
+        the token budget, once the budget is full, no sentence has come for
+        `batch_wait`, the batch has waited `MAX_WAITS` x `batch_wait`, or
+        the server is closing. None to stop."""
         with self._condition:
             while not self._items:
                 if self._closing:
                     return None
                 self._condition.wait()
             first = self._items[0][0]
-            deadline = first.queued_at + self.batch_wait
+            # From the later of its arrival and the last batch's end: the
+            # clients that batch answered come back with their next
+            # sentences within milliseconds, and join this batch while
+            # they keep coming.
+            opened = max(first.queued_at, self._last_batch_end)
             while not self._closing:
                 batch, full = self._take(first.route.key, remove=False)
+                deadline = min(opened + MAX_WAITS * self.batch_wait,
+                               max(opened, self._last_arrival) + self.batch_wait)
                 left = deadline - time.monotonic()
                 if full or left <= 0:
                     break
@@ -208,7 +225,8 @@ class Batcher:
                 return
             self._finish(jobs[0], error)
             return
-        self.metrics.batch_decoded(len(batch), time.monotonic() - started)
+        self._last_batch_end = time.monotonic()
+        self.metrics.batch_decoded(len(batch), self._last_batch_end - started)
         for (job, index), output in zip(batch, outputs):
             job.results[index] = output
             job.remaining -= 1
