@@ -210,7 +210,7 @@ def test_compiled_int8_projections_are_keras_int8_products(dtype, bfloat16_instr
     from keras_transformer.runtime.bfloat16_products import int8_product_in_float32
     from keras_transformer.runtime.direct_layers import Dense
     from keras_transformer.runtime.direct_layers import EinsumDense
-    from keras_transformer.models.transformer.seq2seq_lm import _one_garbage_collection
+    from keras_transformer.utils.memory import one_garbage_collection
     from keras_transformer.utils import processor
 
     keras.utils.set_random_seed(4)
@@ -233,7 +233,7 @@ def test_compiled_int8_projections_are_keras_int8_products(dtype, bfloat16_instr
     # does: Keras collects after each variable that quantization replaces,
     # 5 s of full collections in a test process holding TensorFlow and a
     # backend.)
-    with _one_garbage_collection():
+    with one_garbage_collection():
         for layer in layers:
             layer.quantize("int8")
     x = keras.ops.cast(rng.normal(size=(2, 5, 8)), dtype)

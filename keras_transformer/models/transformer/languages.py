@@ -12,28 +12,12 @@ the source.
 """
 
 import difflib
-import re
 
 import numpy as np
 
-# ISO 639-1 -> the ISO 639-3 codes that fairseq's and opus-mt's models use
-# for it (the macrolanguage first, then the individual languages NLLB names).
-_ISO = """
-af afr|am amh|ar ara arb|as asm|ast ast|ay aym ayr|az aze azj azb|ba bak|be bel|bg bul|bm bam|bn ben|bo bod|
-br bre|bs bos|ca cat|ceb ceb|cs ces|cy cym|da dan|de deu|dz dzo|ee ewe|el ell|en eng|eo epo|es spa|et est|
-eu eus|fa fas pes|ff ful fuv|fi fin|fj fij|fo fao|fr fra|fy fry|ga gle|gd gla|gl glg|gn grn|gu guj|ha hau|
-he heb|hi hin|hr hrv|ht hat|hu hun|hy hye|id ind|ig ibo|ilo ilo|is isl|it ita|ja jpn|jv jav|ka kat|kg kon|
-ki kik|kk kaz|km khm|kn kan|ko kor|kr kau knc|ks kas|ku kur kmr ckb|ky kir|lb ltz|lg lug|li lim|ln lin|
-lo lao|lt lit|lv lav lvs|mg mlg plt|mi mri|mk mkd|ml mal|mn mon khk|mr mar|ms msa zsm|mt mlt|my mya|
-nb nob|ne nep npi|nl nld|nn nno|no nor nob|ns nso|ny nya|oc oci|om orm gaz|or ori ory|pa pan|pl pol|
-ps pus pbt|pt por|qu que quy|rn run|ro ron|ru rus|rw kin|sa san|sc srd|sd snd|sg sag|si sin|sk slk|sl slv|
-sm smo|sn sna|so som|sq sqi als|sr srp|ss ssw|st sot|su sun|sv swe|sw swa swh|ta tam|te tel|tg tgk|th tha|
-ti tir|tk tuk|tl tgl|tn tsn|tr tur|ts tso|tt tat|tw twi|ug uig|uk ukr|ur urd|uz uzb uzn|vi vie|wo wol|
-xh xho|yi yid ydd|yo yor|zh zho|zu zul
-"""
-ISO_639 = {
-    entry.split()[0]: tuple(entry.split()[1:]) for entry in _ISO.replace("\n", "").split("|") if entry.strip()
-}
+from keras_transformer.utils.language_codes import ISO_639
+from keras_transformer.utils.language_codes import LANGUAGE_CODE
+from keras_transformer.utils.language_codes import code_core
 
 # fairseq's M2M100 codes, in the order of their ids after vocab.json
 # (transformers' `FAIRSEQ_LANGUAGE_CODES`), for checkpoints whose
@@ -45,7 +29,6 @@ M2M100_CODES = {
     "wmt21": "en ha is ja cs ru zh de".split(),
 }
 
-_WRAPPED = re.compile(r"^(?:__(?P<m2m>[A-Za-z_-]+?)__|>>(?P<opus>[^<>]+)<<|(?P<nllb>[a-z]{2,3})_[A-Z][a-z]{3})$")
 
 
 def is_language_code(token):
@@ -55,13 +38,7 @@ def is_language_code(token):
     >>> [is_language_code(t) for t in ("__de__", "deu_Latn", ">>fr<<", "▁de")]
     [True, True, True, False]
     """
-    return bool(_WRAPPED.match(token))
-
-
-def _core(code):
-    """The ISO part of a language code: `de` of `__de__`, `deu` of `deu_Latn`."""
-    match = _WRAPPED.match(code)
-    return None if match is None else next(part for part in match.groups() if part).lower()
+    return bool(LANGUAGE_CODE.match(token))
 
 
 def _iso_aliases(name):
@@ -102,14 +79,14 @@ def resolve_language(name, codes, role="language"):
     if len(exact) == 1:
         return exact[0]
     aliases = _iso_aliases(name.lower())
-    found = [code for code in codes if _core(code) in aliases]
+    found = [code for code in codes if code_core(code) in aliases]
     if len(found) == 1:
         return found[0]
     if found:
         raise ValueError(
             f"The language {name!r} is ambiguous for this model: it has {', '.join(found)}. Give one of them."
         )
-    cores = {_core(code): code for code in codes if _core(code)}
+    cores = {code_core(code): code for code in codes if code_core(code)}
     close = difflib.get_close_matches(name, codes, n=5, cutoff=0.6)
     close += [cores[c] for c in difflib.get_close_matches(name.lower(), cores, n=5, cutoff=0.6) if cores[c] not in close]
     hint = f" Close matches: {', '.join(close[:5])}." if close else ""

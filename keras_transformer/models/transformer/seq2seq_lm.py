@@ -1,8 +1,6 @@
 """The translation task: the backbone, the pre-softmax projection, the paper's
 training recipe (section 5) and decoding (section 6.1)."""
 
-import contextlib
-import gc
 import warnings
 
 import keras
@@ -31,6 +29,7 @@ from keras_transformer.models.transformer.seq2seq_lm_preprocessor import (
 from keras_transformer.models.transformer.special_tokens import special_token_ids
 from keras_transformer.schedules import paper_optimizer
 from keras_transformer.utils.arguments import check_model_keywords
+from keras_transformer.utils.memory import one_garbage_collection
 
 
 @keras.saving.register_keras_serializable(package="keras_transformer")
@@ -230,7 +229,7 @@ class TransformerSeq2SeqLM(EnsembleMembers, PresetIO, keras_hub.models.Seq2SeqLM
         functions are compiled again for the new weights. See
         docs/decoding.md for the BLEU and speed it gives.
         """
-        with warnings.catch_warnings(), _one_garbage_collection():
+        with warnings.catch_warnings(), one_garbage_collection():
             # Keras names every layer without weights to quantize (dropout,
             # LayerNorm, positions): nothing the user can act on.
             warnings.filterwarnings("ignore", message=r"Layer .* does not have a `quantize` method")
@@ -431,17 +430,3 @@ class TransformerSeq2SeqLM(EnsembleMembers, PresetIO, keras_hub.models.Seq2SeqLM
         no prefix."""
         return generation.target_prefix_ids(self.preprocessor, target_prefix)
 
-
-@contextlib.contextmanager
-def _one_garbage_collection():
-    """Keras collects garbage after each variable that quantization
-    replaces (`Layer.__delattr__`), 49 full collections for a 3+3-layer
-    model and seconds in a process holding TensorFlow and a backend; one
-    collection afterwards frees the same float32 buffers."""
-    collect = gc.collect
-    gc.collect = lambda *args, **kwargs: 0
-    try:
-        yield
-    finally:
-        gc.collect = collect
-        gc.collect()

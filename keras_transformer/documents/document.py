@@ -1,0 +1,207 @@
+"""A document as the sentences to translate, and the plan that puts their
+translations back together.
+
+`Document(text)` splits a text into what a translation model reads, one
+sentence at a time (`segments`), and keeps everything else as it was:
+line breaks and blank lines, the whitespace at the start and end of each
+line and between sentences, and, for HTML, the markup (`markup.py`).
+`assemble(translations)` puts one translation for each segment back in
+the segment's place. Every sentence is a segment once, in order; a
+sentence longer than the model reads (`max_tokens`) is split into pieces
+that fit (`sentences.fitting_pieces`), never cut.
+"""
+
+import operator
+import re
+
+from keras_transformer.documents.markup import MarkupPiece
+from keras_transformer.documents.markup import html_pieces
+from keras_transformer.documents.sentences import fitting_pieces
+from keras_transformer.documents.sentences import sentences
+from keras_transformer.utils.text import is_blank
+
+FORMATS = ("text", "html")
+
+# A line's end, kept with it (as `utils.text.split_lines` reads lines).
+_LINE_END = re.compile(r"(\r\n|\r|\n)")
+# HTML's whitespace, which a reader sees as one space (not the no-break space).
+_HTML_SPACE = re.compile(r"[ \t\n\r\f]+")
+
+
+class Document:
+    """A text split into the sentences a model translates, and put back
+    together from their translations.
+
+    Each line of a text document (HTML: each text node, read as HTML's
+    whitespace reads) is split into sentences by a segmenter that knows
+    the `language`'s abbreviations (`sentences.sentences`). What is not a
+    sentence stays as it is: line breaks, blank lines, the whitespace
+    around and between sentences, and HTML's markup.
+
+    Args:
+        text: the document, a string.
+        format: `"text"`, or `"html"`: tags, attributes, comments and the
+            contents of `<script>` and `<style>` are kept as written, only
+            text nodes are translated, and translations are escaped as the
+            document escaped its text (`markup.html_pieces`).
+        language: the document's language, an ISO 639-1 or 639-3 code or
+            a multilingual model's code (`"de"`, `"deu"`, `"deu_Latn"`),
+            for the segmenter's rules.
+        max_tokens: the most tokens a segment may have (the model's
+            limit), or None for no limit. A longer sentence is split at
+            clause punctuation (`;`, `:`, `,`), else between words, else
+            between characters, into pieces that fit; each piece is a
+            segment.
+        tokenize: `tokenize(text)`: the number of tokens of `text` as the
+            model reads it (its tokenizer's pieces, with any start and end
+            tokens). None: whitespace-separated words.
+        split_sentences: False: each line (HTML: each text node) is one
+            segment, split only where longer than `max_tokens`.
+
+    Example:
+
+    >>> text = "  Dr. Smith arrived. He was late!\\n\\nThe end.\\n"
+    >>> document = Document(text)
+    >>> document.segments
+    ['Dr. Smith arrived.', 'He was late!', 'The end.']
+    >>> document.assemble([segment.upper() for segment in document.segments])
+    '  DR. SMITH ARRIVED. HE WAS LATE!\\n\\nTHE END.\\n'
+    >>> page = Document('<p title="A. B.">Hello &amp; welcome. Bye.</p>', format="html")
+    >>> page.segments
+    ['Hello & welcome.', 'Bye.']
+    >>> page.assemble(["Hallo & willkommen.", "Tschüss."])
+    '<p title="A. B.">Hallo &amp; willkommen. Tschüss.</p>'
+    """
+
+    def __init__(self, text, format="text", language="en", max_tokens=None, tokenize=None, split_sentences=True):
+        if isinstance(text, bytes):
+            text = text.decode("utf-8")
+        if not isinstance(text, str):
+            raise TypeError(f"A document is a string, got {type(text).__name__}: {text!r:.60}.")
+        if format not in FORMATS:
+            raise ValueError(f"Unknown format {format!r}; expected one of {FORMATS}.")
+        if not isinstance(language, str) or not language.strip():
+            raise ValueError(f"language must be a language code such as 'en', got {language!r}.")
+        if max_tokens is not None and (
+            isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1
+        ):
+            raise ValueError(f"max_tokens must be a positive integer or None, got {max_tokens!r}.")
+        if tokenize is not None and not callable(tokenize):
+            raise TypeError(f"tokenize must be a function of a text that counts its tokens, got {tokenize!r}.")
+        self.text, self.format, self.language = text, format, language
+        self.max_tokens, self.split_sentences = max_tokens, split_sentences
+        self._count = _checked_count(tokenize or _words)
+        self._segments, self._parts = [], []
+        if format == "html":
+            pieces, self._escape = html_pieces(text)
+            for piece in pieces:
+                if isinstance(piece, MarkupPiece):
+                    self._parts.append(str(piece))
+                elif piece.preformatted:
+                    self._add_lines(piece)
+                else:
+                    self._add_line(piece, flowing=True)
+        else:
+            self._escape = None
+            self._add_lines(text)
+
+    @property
+    def segments(self):
+        """The non-blank sentences (or pieces of sentences) to translate,
+        in order: a list of strings."""
+        return list(self._segments)
+
+    def assemble(self, translations):
+        """The translated document: `translations` (one string for each
+        of `segments`, in order) in the segments' places, everything else
+        as it was (HTML: the translations escaped)."""
+        if isinstance(translations, (str, bytes)) or not hasattr(translations, "__len__"):
+            raise TypeError(f"translations must be a list of strings, got {type(translations).__name__}.")
+        translations = list(translations)
+        if len(translations) != len(self._segments):
+            raise ValueError(
+                f"This document has {len(self._segments)} segments; got {len(translations)} translations."
+            )
+        for i, translation in enumerate(translations):
+            if not isinstance(translation, str):
+                raise TypeError(f"translations[{i}] is a {type(translation).__name__}, not a string.")
+        escape = self._escape or (lambda text: text)
+        return "".join(part if isinstance(part, str) else escape(translations[part]) for part in self._parts)
+
+    def __repr__(self):
+        return f"<Document format={self.format!r} language={self.language!r}: {len(self._segments)} segments>"
+
+    def _literal(self, text):
+        self._parts.append(self._escape(text) if self._escape else text)
+
+    def _add_lines(self, text):
+        """Each line of `text` on its own, its line end kept."""
+        parts = _LINE_END.split(text)
+        for i in range(0, len(parts), 2):
+            self._add_line(parts[i])
+            if i + 1 < len(parts):
+                self._literal(parts[i + 1])
+
+    def _add_line(self, line, flowing=False):
+        """The sentences of `line` as segments, and what is around and
+        between them as it is. `flowing` (HTML's text): line breaks inside
+        a sentence are spaces, and a sentence's runs of HTML whitespace
+        are one space for the model."""
+        content = line.strip()
+        if is_blank(content):
+            self._literal(line)
+            return
+        start = len(line) - len(line.lstrip())
+        self._literal(line[:start])
+        end = start + len(content)
+        if self.split_sentences:
+            spans = sentences(_HTML_SPACE.sub(lambda m: " " * len(m.group()), content) if flowing else content,
+                              self.language)
+        else:
+            spans = [(0, len(content))]
+        cursor = 0
+        for first, last in spans:
+            self._literal(content[cursor:first])
+            sentence = _HTML_SPACE.sub(" ", content[first:last]) if flowing else content[first:last]
+            for piece, after in fitting_pieces(sentence, self.max_tokens, self._count):
+                self._parts.append(len(self._segments))
+                self._segments.append(piece)
+                self._literal(after)
+            cursor = last
+        self._literal(content[cursor:] + line[end:])
+
+
+def _words(text):
+    return len(text.split())
+
+
+def _checked_count(tokenize):
+    """`tokenize`, which must give a number of tokens (an integer >= 0)."""
+
+    def count(text):
+        tokens = tokenize(text)
+        try:
+            tokens = operator.index(tokens)
+        except TypeError:
+            tokens = -1
+        if tokens < 0:
+            raise TypeError(f"tokenize must give a number of tokens (an integer >= 0), got {tokenize(text)!r}.")
+        return tokens
+
+    return count
+
+
+def segments_of(documents):
+    """The segments of `documents`, all in one list, in order."""
+    return [segment for document in documents for segment in document.segments]
+
+
+def assembled(documents, translations):
+    """Each of `documents` assembled from its part of `translations` (the
+    translations of `segments_of(documents)`, in order)."""
+    translations, start, texts = list(translations), 0, []
+    for document in documents:
+        count = len(document.segments)
+        texts.append(document.assemble(translations[start : start + count]))
+        start += count
+    return texts
