@@ -24,7 +24,9 @@ import warnings
 from keras_transformer import cli_formats
 from keras_transformer import cli_io
 from keras_transformer.cli_decoding import add_decoding_options
+from keras_transformer.cli_decoding import add_document_options
 from keras_transformer.cli_decoding import decoding_options
+from keras_transformer.cli_decoding import document_options
 from keras_transformer.utils import arguments
 from keras_transformer.utils.locks import locked
 
@@ -257,12 +259,14 @@ def _add_translate(subparsers):
         "lines end in \\n, \\r\\n or \\r, and an empty line for a blank one (whitespace, or "
         "invisible characters such as a zero-width space). --output is written whole at the end, "
         "or not at all. Lines are translated in batches of similar length; a progress bar goes to "
-        "stderr when there are more than one batch.",
+        "stderr when there are more than one batch. --split-sentences translates a line's sentences one "
+        "by one; --document translates the whole input as one text, its line breaks kept.",
     )
     p.add_argument("text", nargs="*", help="sentences to translate (default: read lines from --input or stdin)")
     p.add_argument("--preset", default=DEFAULT_PRESET,
                    help=f"a preset name or directory (default: {DEFAULT_PRESET})")
     add_decoding_options(p)
+    add_document_options(p)
     p.add_argument("--batch-size", type=arguments.positive_int, default=64, help="sentences translated together (default: 64)")
     p.add_argument("-i", "--input", help="a text file, one sentence a line (default: stdin)")
     p.add_argument("-o", "--output", help="write the translations to this file (default: stdout)")
@@ -277,15 +281,17 @@ def _translate(args):
             f"error: give TEXT or --input, not both (got --input {args.input} and {len(args.text)} "
             "TEXT argument(s)); to write the translations to a file use -o/--output."
         )
-    texts = cli_io.read_sentences(args.text, args.input)
+    texts = cli_io.read_sentences(args.text, args.input, whole=args.document)
     cli_io.check_output_path(args.output, reads=args.input)
     _leave_out_tensorflow([args.preset, *args.ensemble])
     model, decoding = _load_translator(args.preset, args)
     # The progress bar goes to stderr, so that stdout holds translations only.
     verbose = 1 if len(texts) > args.batch_size else 0
     with contextlib.redirect_stdout(sys.stderr):
-        translations = model.generate(texts, batch_size=args.batch_size, verbose=verbose, **decoding)
-    cli_io.write_lines(translations, args.output)  # whole or not at all
+        translations = model.generate(texts, batch_size=args.batch_size, verbose=verbose, **decoding,
+                                      **document_options(args))
+    # (A document read whole is written as it is, its own line ends kept.)
+    cli_io.write_lines(translations, args.output, ends=not (args.document and not args.text))  # whole or not at all
 
 
 def _add_presets(subparsers):

@@ -1,7 +1,7 @@
 """The command line's decoding options (`translate`, `evaluate`): the
 search's settings, a forced target prefix, the languages of multilingual
-models, and sampling, as `generate`
-takes them."""
+models, and sampling, as `generate` takes them; and `translate`'s options
+for documents (sentence splitting, HTML, whole files)."""
 
 from keras_transformer.utils import arguments
 
@@ -42,3 +42,19 @@ def decoding_options(args):
         decoding = dict(beam_size=args.beam_size, alpha=args.alpha, length_penalty=args.length_penalty)
     languages = {"source_language": args.source_language, "target_language": args.target_language}
     return {**decoding, "target_prefix": args.target_prefix, **languages}
+
+
+def add_document_options(p):
+    p.add_argument("--split-sentences", action="store_true", help="split each input into sentences (sentencex, "
+                   "in the source language), translate them, and put them back together on its line; a "
+                   "sentence longer than the model reads is split at ;:, or between words")
+    p.add_argument("--format", choices=("text", "html"), default="text", help="html: keep tags and attributes, "
+                   "translate text nodes only (not <script> or <style>) (default: text)")
+    p.add_argument("--document", action="store_true", help="translate the whole input (file or stdin; or each "
+                   "TEXT) as one document and write it as it is, its line ends (\\r\\n too) and whitespace kept: "
+                   "for HTML pages whose tags span lines (implies --split-sentences)")
+
+
+def document_options(args):
+    """`generate`'s keyword arguments for the options of `add_document_options`."""
+    return {"split_sentences": bool(args.split_sentences or args.document), "format": args.format}

@@ -23,6 +23,11 @@ def decode_lines(data, name):
     """The lines of UTF-8 bytes read from `name` (a file or standard
     input), a byte order mark at the start dropped; an error naming the first
     line that is not UTF-8."""
+    return split_lines(decode_text(data, name))
+
+
+def decode_text(data, name):
+    """UTF-8 bytes read from `name` as text, as `decode_lines` reads them."""
     if data.startswith(codecs.BOM_UTF8):
         data = data[len(codecs.BOM_UTF8):]
     try:
@@ -33,17 +38,20 @@ def decode_lines(data, name):
             f"line {line} of {name} is not valid UTF-8 (byte {data[error.start]:#04x}). Convert the text to "
             "UTF-8 first, for example with `iconv -f LATIN1 -t UTF-8`."
         ) from None
-    return split_lines(text)
+    return text
 
 
-def read_sentences(text, path):
+def read_sentences(text, path, whole=False):
     """The sentences to translate: the TEXT arguments `text`, else the lines
-    of the file `path`, else those of standard input."""
+    of the file `path`, else those of standard input. With `whole`, the
+    texts to translate as documents: each TEXT argument, or the whole of
+    the file or of standard input, as one text."""
+    decode = (lambda data, name: [decode_text(data, name)]) if whole else decode_lines
     if text:
         return list(text)
     if path:
         with open(path, "rb") as f:
-            return decode_lines(f.read(), path)
+            return decode(f.read(), path)
     if sys.stdin is None or sys.stdin.closed:
         raise SystemExit(
             "error: no sentences to translate: standard input is closed. Give them as TEXT arguments, "
@@ -51,7 +59,7 @@ def read_sentences(text, path):
         )
     if sys.stdin.isatty():
         print("Type sentences, one a line; end with Ctrl-D.", file=sys.stderr)
-    return decode_lines(read_interruptibly(sys.stdin.buffer), "standard input")
+    return decode(read_interruptibly(sys.stdin.buffer), "standard input")
 
 
 def read_interruptibly(stream, wait=0.2):
@@ -108,10 +116,11 @@ def check_output_path(path, reads=None):
         )
 
 
-def write_lines(lines, path=None):
-    """Writes `lines`, each ended with "\\n", to the file `path` whole or
-    not at all (see the module docstring), or to standard output."""
-    text = "".join(line + "\n" for line in lines)
+def write_lines(lines, path=None, ends=True):
+    """Writes `lines`, each ended with "\\n" (unless not `ends`: the texts
+    as they are), to the file `path` whole or not at all (see the module
+    docstring), or to standard output."""
+    text = "".join(line + "\n" if ends else line for line in lines)
     if path is None:
         sys.stdout.write(text)
         return

@@ -15,6 +15,10 @@ from keras_transformer.decoding.settings import MAX_BATCH_SIZE
 from keras_transformer.decoding.settings import SAMPLINGS
 from keras_transformer.decoding.settings import DecodingSettings
 from keras_transformer.decoding.settings import check_int
+from keras_transformer.documents.document import FORMATS
+from keras_transformer.documents.document import Document
+from keras_transformer.documents.document import assembled
+from keras_transformer.documents.document import segments_of
 from keras_transformer.models.transformer.languages import model_languages
 from keras_transformer.models.transformer.languages import with_languages
 from keras_transformer.models.transformer.seq2seq_lm_preprocessor import source_texts
@@ -43,10 +47,28 @@ def generate(
     seed,
     source_language=None,
     target_language=None,
+    split_sentences=False,
+    format="text",
 ):
     """`model.generate(inputs, ...)`: its arguments and their meaning are
     those of `TransformerSeq2SeqLM.generate`; `task_class` is the class
     whose instances may be members of the `ensemble`."""
+    if split_sentences or format != "text":
+        if num_results > 1 or return_scores:
+            raise ValueError(
+                "Documents (split_sentences=True or format='html') are translated whole: one translation a "
+                "document, without scores; num_results and return_scores do not apply."
+            )
+        documents, single = _documents(model, inputs, split_sentences, format, source_language)
+        outputs = generate(
+            model, segments_of(documents), task_class=task_class, sampler=sampler, beam_size=beam_size,
+            alpha=alpha, max_length_offset=max_length_offset, num_results=1, return_scores=False,
+            batch_size=batch_size, verbose=verbose, length_penalty=length_penalty, ensemble=ensemble,
+            target_prefix=target_prefix, top_k=top_k, top_p=top_p, temperature=temperature, seed=seed,
+            source_language=source_language, target_language=target_language,
+        )
+        outputs = assembled(documents, outputs)
+        return outputs[0] if single else outputs
     keras_hub_sampler = isinstance(sampler, keras_hub.samplers.Sampler)
     if not keras_hub_sampler and sampler not in ("beam", "greedy", *SAMPLINGS):
         raise ValueError(
@@ -94,6 +116,50 @@ def generate(
     else:
         outputs = decode([result[0][0] if result else [] for result in results])
     return outputs[0] if single else outputs
+
+
+def _documents(model, inputs, split_sentences, format, source_language):
+    """`generate`'s input texts as `documents.Document`s, and whether one
+    text was given: split into sentences where `split_sentences`, read as
+    `format`, in the source language (`source_language`, else the
+    model's: `document_language`), each segment no longer than the model
+    reads."""
+    if not isinstance(split_sentences, (bool, np.bool_)):
+        raise TypeError(f"split_sentences must be True or False, got {split_sentences!r}.")
+    if format not in FORMATS:
+        raise ValueError(f"Unknown format {format!r}; expected one of {FORMATS}.")
+    if isinstance(inputs, dict) and set(inputs) == {"encoder_text"}:
+        inputs = inputs["encoder_text"]
+    if isinstance(inputs, dict):
+        raise ValueError("split_sentences and format='html' read text: give strings, not token ids.")
+    texts, single = source_texts(inputs)
+    preprocessor = model.preprocessor
+    _require_tokenizer(model)
+    # (A multilingual model's source starts with its language's code: a token more.)
+    max_tokens = model.backbone.max_sequence_length - (1 if model_languages(preprocessor.tokenizer) else 0)
+
+    def count(text):
+        return len(preprocessor.generate_preprocess([text])[0])
+
+    language = document_language(model, source_language)
+    documents = [
+        Document(text, format=format, language=language, max_tokens=max_tokens, tokenize=count,
+                 split_sentences=bool(split_sentences))
+        for text in texts
+    ]
+    return documents, single
+
+
+def document_language(model, source_language=None):
+    """The language of the documents `model` translates, for the sentence
+    segmenter: `source_language` where given, else the model's source
+    language (a multilingual tokenizer's, or its preset's metadata.json
+    `languages`), else English."""
+    if source_language is not None:
+        return source_language
+    code = getattr(getattr(model.preprocessor, "tokenizer", None), "source_language", None)
+    languages = getattr(model, "_preset_metadata", {}).get("languages") or {}
+    return code or languages.get("source") or "en"
 
 
 def _with_languages(model, inputs, source_language, target_language, target_prefix):

@@ -342,6 +342,8 @@ class TransformerSeq2SeqLM(EnsembleMembers, PresetIO, keras_hub.models.Seq2SeqLM
         seed=0,
         source_language=None,
         target_language=None,
+        split_sentences=False,
+        format="text",
     ):
         """Translates sources with the key/value cache (section 6.1).
 
@@ -394,6 +396,15 @@ class TransformerSeq2SeqLM(EnsembleMembers, PresetIO, keras_hub.models.Seq2SeqLM
                 ISO 639-1 / 639-3 code naming one (`"de"`, `"deu"`); see
                 `languages`. The target code is forced first (before
                 `target_prefix`); without it, the tokenizer's own.
+            split_sentences: translate each text as a document: its
+                sentences (found by sentencex, in the source language) are
+                translated, all texts' together in batches, and put back
+                in place, line breaks and whitespace kept; a sentence
+                longer than the model reads is split at `;:,` or between
+                words (`keras_transformer.documents.Document`).
+            format: `"text"`, or `"html"`: tags and attributes are kept,
+                text nodes translated (not `<script>` or `<style>`), and
+                the translations escaped as the page escaped its text.
 
         Returns:
             For string inputs, strings; for token ids, lists of ids. With
@@ -407,6 +418,7 @@ class TransformerSeq2SeqLM(EnsembleMembers, PresetIO, keras_hub.models.Seq2SeqLM
             batch_size=batch_size, verbose=verbose, length_penalty=length_penalty, ensemble=ensemble,
             target_prefix=target_prefix, top_k=top_k, top_p=top_p, temperature=temperature, seed=seed,
             source_language=source_language, target_language=target_language,
+            split_sentences=split_sentences, format=format,
         )
 
     @property
