@@ -29,6 +29,8 @@ def add_decoding_options(p):
     p.add_argument("--temperature", type=float, default=1.0, help="divide the logits by this first (default: 1)")
     p.add_argument("--seed", type=int, default=0, help="a sample is a function of its source and the seed "
                    "(default: 0)")
+    p.add_argument("--no-repeat-ngram-size", type=int, default=0, metavar="N", help="no translation repeats N "
+                   "tokens, a guard against degenerate repetition (default: 0, off)")
 
 
 def decoding_options(args):
@@ -41,7 +43,8 @@ def decoding_options(args):
     else:
         decoding = dict(beam_size=args.beam_size, alpha=args.alpha, length_penalty=args.length_penalty)
     languages = {"source_language": args.source_language, "target_language": args.target_language}
-    return {**decoding, "target_prefix": args.target_prefix, **languages}
+    return {**decoding, "target_prefix": args.target_prefix, "no_repeat_ngram_size": args.no_repeat_ngram_size,
+            **languages}
 
 
 def add_document_options(p):

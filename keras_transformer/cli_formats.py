@@ -51,6 +51,8 @@ def _add_export(subparsers):
                    help="gnmt: ((5 + |Y|) / 6) ** alpha, the paper's; length: |Y| ** alpha (default: gnmt)")
     p.add_argument("--target-prefix", metavar="TEXT", help="start every translation with TEXT, forced in the "
                    "export's search")
+    p.add_argument("--no-repeat-ngram-size", type=int, default=0, metavar="N", help="no translation repeats N "
+                   "tokens, in the export's search (default: 0, off)")
     p.add_argument("--overwrite", action="store_true", help="replace an earlier export in the output directory")
     p.add_argument("--jit-compile", action="store_true",
                    help="compile the search with XLA: several times as fast one sentence at a time, but each "
@@ -63,15 +65,19 @@ def _add_export(subparsers):
 
 
 def _export(args):
+    from keras_transformer.decoding.settings import DecodingSettings
     from keras_transformer.export import ExportError
     from keras_transformer.export import export_saved_model
 
+    settings = DecodingSettings(
+        beam_size=args.beam_size, alpha=args.alpha, max_length_offset=args.max_length_offset,
+        length_penalty=args.length_penalty, no_repeat_ngram_size=args.no_repeat_ngram_size,
+    )
     try:
         path = export_saved_model(
-            args.preset, args.output_dir, beam_size=args.beam_size, alpha=args.alpha,
-            max_length_offset=args.max_length_offset, overwrite=args.overwrite, dtype=args.dtype,
-            quantize=args.quantize, jit_compile=args.jit_compile, ensemble=args.ensemble,
-            length_penalty=args.length_penalty, target_prefix=args.target_prefix,
+            args.preset, args.output_dir, overwrite=args.overwrite, dtype=args.dtype, quantize=args.quantize,
+            jit_compile=args.jit_compile, ensemble=args.ensemble, target_prefix=args.target_prefix,
+            settings=settings,
         )
     except ExportError as error:
         raise SystemExit(f"error: {error}") from None

@@ -48,7 +48,9 @@ from keras_transformer.decoding.interface import search_state_functions
 from keras_transformer.decoding.interface import segment_holds_beam_caches
 from keras_transformer.decoding.rules import output_budgets
 from keras_transformer.decoding.sampling import source_keys
+from keras_transformer.decoding.search import history_of
 from keras_transformer.decoding.settings import DecodingSettings
+from keras_transformer.decoding.transforms import uses_history
 from keras_transformer.runtime.direct_calls import unchanged_weights
 from keras_transformer.runtime.array_ops import array_ops
 from keras_transformer.runtime.array_ops import id_list
@@ -290,15 +292,20 @@ def _step_runner(model, settings, step):
     one_beam_first = k > 1 and not compiles_steps()
 
     def run(state, encoder_mask, cross, budgets, slots, keys):
-        index, tokens, parents, _, log_probs, _, _, _, caches = state
+        index, tokens, parents, sequences, log_probs, _, _, _, caches = state
         index = np.asarray(to_numpy(index), "int32")
         first = one_beam_first and int(index) == 0
+        # (`keys` only where sampling, the beams' tokens so far only where
+        # the transforms read them: a step that does neither need not take them.)
+        extra = [keys, history_of(sequences) if uses_history(settings) else None]
         if first:
             tokens, parents, log_probs = tokens[::k], parents[::k], log_probs[:, :1]
-        # (`keys` only where sampling: a step that never samples need not take them.)
+            extra[1] = None if extra[1] is None else extra[1][::k]
+        while extra and extra[-1] is None:
+            extra.pop()
         values, flat, cache = step(
-            tokens[:, None], index, list(zip(caches, cross)), encoder_mask, parents,
-            log_probs, *([] if keys is None else [keys]), settings=step_settings,
+            tokens[:, None], index, list(zip(caches, cross)), encoder_mask, parents, log_probs, *extra,
+            settings=step_settings,
         )
         if first:  # (one beam of a small vocabulary may have fewer extensions than two beams' worth)
             values, flat = _padded_candidates(values, flat, 2 * k)

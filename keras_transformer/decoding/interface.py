@@ -225,11 +225,13 @@ def decoding_functions(model):
         `(encode, step)`: `encode(encoder_token_ids, encoder_padding_mask)`
         gives `(encoder_output, cross_attention_caches)`;
         `step(token_ids, index, cache, encoder_padding_mask, parents,
-        log_probs)` first reorders the self-attention caches to the beams'
-        `parents` (row indices), runs `call_decoder_with_cache`, and returns
-        `(values, indices, cache)`: the `2 * beams` best extensions of each
-        source's beams (`rules.best_extensions`) given the beams'
-        `(batch, beams)` log-probabilities; `beam_size` (an int, where
+        log_probs, keys=None, history=None, *, settings)` first reorders
+        the self-attention caches to the beams' `parents` (row indices),
+        runs `call_decoder_with_cache`, and returns `(values, indices,
+        cache)`: the `2 * beams` best extensions of each source's beams
+        (`transforms.candidates`, with the sampling's `keys` and the beams'
+        tokens so far, `history`, where `settings` read them) given the
+        beams' `(batch, beams)` log-probabilities; `beam_size` (an int, where
         steps are not compiled) asks for `2 * beam_size` instead, for a
         first step that runs one beam a source. The beams of a source are
         consecutive rows of `token_ids` and the self-attention caches; the
@@ -246,13 +248,14 @@ def decoding_functions(model):
         def encode(encoder_token_ids, encoder_padding_mask):
             return _model_encode(model, encoder_token_ids, encoder_padding_mask)
 
-        def step(token_ids, index, cache, encoder_padding_mask, parents, log_probs, keys=None, *, settings):
+        def step(token_ids, index, cache, encoder_padding_mask, parents, log_probs, keys=None, history=None, *,
+                 settings):
             cache = _reordered(cache, parents)
             # The reordered caches are new tensors, this step's own: PyTorch
             # writes the new position into them without copying them again.
             with in_place_cache_writes():
                 logits, cache = model.call_decoder_with_cache(token_ids, index, cache, encoder_padding_mask)
-            values, indices = candidates(logits, log_probs, index, never_output, settings, keys)
+            values, indices = candidates(logits, log_probs, index, never_output, settings, keys, history)
             return values, indices, cache
 
         functions = (compile_for_inference(model, encode), compile_for_inference(model, step))
@@ -281,8 +284,8 @@ def _ensemble_decoding_functions(ensemble):
             compiled[key] = (compile_for_models(model, _model_encode), compile_for_models(model, _model_step))
         members.append((model, *compiled[key]))
 
-    def rank(probabilities, log_probs, index, keys=None, *, settings):
-        return candidates(log_mean(probabilities), log_probs, index, never_output, settings, keys)
+    def rank(probabilities, log_probs, index, keys=None, history=None, *, settings):
+        return candidates(log_mean(probabilities), log_probs, index, never_output, settings, keys, history)
 
     rank = compile_for_inference(_WITHOUT_WEIGHTS, rank)  # (it reads no weights)
 
@@ -294,7 +297,8 @@ def _ensemble_decoding_functions(ensemble):
             caches.extend(cache)
         return tuple(outputs), caches
 
-    def step(token_ids, index, cache, encoder_padding_mask, parents, log_probs, keys=None, *, settings):
+    def step(token_ids, index, cache, encoder_padding_mask, parents, log_probs, keys=None, history=None, *,
+             settings):
         probabilities, new_cache = [], []
         for (model, _, model_step), model_cache in zip(members, ensemble.split_cache(cache)):
             model_probabilities, model_cache = model_step(
@@ -302,7 +306,7 @@ def _ensemble_decoding_functions(ensemble):
             )
             probabilities.append(model_probabilities)
             new_cache.extend(model_cache)
-        values, indices = rank(probabilities, log_probs, index, keys, settings=settings)
+        values, indices = rank(probabilities, log_probs, index, keys, history, settings=settings)
         return values, indices, new_cache
 
     return encode, step

@@ -75,11 +75,11 @@ def sampling_transforms(settings):
     division by the temperature, then the top-k or top-p cut."""
     transforms = []
     if settings.temperature != 1.0:
-        transforms.append(lambda logits, index, ops: ops.cast(logits, "float32") / settings.temperature)
+        transforms.append(lambda logits, index, ops, history: ops.cast(logits, "float32") / settings.temperature)
     if settings.sampling == "top_k":
-        transforms.append(lambda logits, index, ops: top_k_cut(logits, settings.top_k, ops))
+        transforms.append(lambda logits, index, ops, history: top_k_cut(logits, settings.top_k, ops))
     elif settings.sampling == "top_p":
-        transforms.append(lambda logits, index, ops: top_p_cut(logits, settings.top_p, ops))
+        transforms.append(lambda logits, index, ops, history: top_p_cut(logits, settings.top_p, ops))
     return transforms
 
 

@@ -34,6 +34,7 @@ from keras_transformer.decoding.rules import length_penalty
 from keras_transformer.decoding.rules import never_output_bias
 from keras_transformer.decoding.rules import search_is_over
 from keras_transformer.decoding.transforms import candidates
+from keras_transformer.decoding.transforms import uses_history
 from keras_transformer.runtime import beam_cache
 from keras_transformer.runtime.array_ops import array_ops
 from keras_transformer.runtime.array_ops import search_state_ops
@@ -128,19 +129,28 @@ def _merged(ops, along, finished, k, ids, lengths, scores, log_probs):
 def cached_step(model, cross, encoder_mask, budgets, settings, keys=None):
     """The compiled loops' body (`loop.py`): the self-attention caches
     reordered to the beams' parents, one cached decoder step of `model`,
-    its candidates (`transforms.candidates`; `keys` where sampling), then
-    `advance`."""
+    its candidates (`transforms.candidates`; `keys` where sampling, the
+    beams' tokens so far where the transforms read them), then `advance`."""
     never_output = never_output_bias(model)
     special, vocabulary_size = model.special_token_ids, model.backbone.vocabulary_size
 
     def body(*state):
-        index, tokens, parents, _, log_probs, _, _, _, caches = state
+        index, tokens, parents, sequences, log_probs, _, _, _, caches = state
         caches = reordered_caches(caches, parents, settings.beam_size)
         logits, cache = model.call_decoder_with_cache(tokens[:, None], index, list(zip(caches, cross)), encoder_mask)
-        values, flat = candidates(logits, log_probs, index, never_output, settings, keys)
+        history = history_of(sequences) if uses_history(settings) else None
+        values, flat = candidates(logits, log_probs, index, never_output, settings, keys, history)
         return advance(state, values, flat, [c for c, _ in cache], budgets, settings, special, vocabulary_size)
 
     return body
+
+
+def history_of(sequences):
+    """Each beam's output so far, as the step's rows read it: the state's
+    `sequences` `(batch, k, width)` as `(batch * k, width)` (the live beams'
+    tokens, in the order of the next step's logits)."""
+    ops = array_ops(sequences)
+    return ops.reshape(sequences, (-1, ops.shape(sequences)[2]))
 
 
 def initial_state(model, batch, beam_size, length, width=None, beam_caches=False):

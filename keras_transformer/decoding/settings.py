@@ -25,6 +25,9 @@ SAMPLINGS = ("top_k", "top_p")
 MAX_BEAM_SIZE = 1024
 MAX_LENGTH_OFFSET = 1 << 20
 MAX_BATCH_SIZE = 1 << 20
+# n of `no_repeat_ngram_size`: beyond any output's length (outputs have at
+# most max_sequence_length tokens), where the guard would ban nothing.
+MAX_NGRAM_SIZE = 1 << 16
 # The share of the machine's memory one request may plan to use.
 MEMORY_SHARE = 0.8
 
@@ -59,6 +62,10 @@ class DecodingSettings:
         seed: an integer; a source's sample is a function of the source
             and the seed (each seed compiles the search once on JAX and
             TensorFlow).
+        no_repeat_ngram_size: n > 0: no output holds the same n tokens
+            twice (as fairseq's and transformers' `no_repeat_ngram_size`):
+            a token that would complete an n-gram the hypothesis already
+            holds is never chosen (`transforms.no_repeat_ngram`). 0: off.
 
     Example:
 
@@ -82,12 +89,14 @@ class DecodingSettings:
     top_p: float = 0.9
     temperature: float = 1.0
     seed: int = 0
+    no_repeat_ngram_size: int = 0
 
     def __post_init__(self):
         check_int("beam_size", self.beam_size, minimum=1, maximum=MAX_BEAM_SIZE)
         check_int("num_results", self.num_results, minimum=1, maximum=MAX_BEAM_SIZE)
         check_int("max_length_offset", self.max_length_offset, minimum=-MAX_LENGTH_OFFSET, maximum=MAX_LENGTH_OFFSET)
         check_alpha(self.alpha)
+        check_int("no_repeat_ngram_size", self.no_repeat_ngram_size, minimum=0, maximum=MAX_NGRAM_SIZE)
         if self.length_penalty not in LENGTH_PENALTIES:
             raise ValueError(f"Unknown length_penalty {self.length_penalty!r}; expected one of {LENGTH_PENALTIES}.")
         if self.num_results > self.beam_size:
@@ -109,6 +118,7 @@ class DecodingSettings:
         object.__setattr__(self, "beam_size", int(self.beam_size))
         object.__setattr__(self, "num_results", int(self.num_results))
         object.__setattr__(self, "max_length_offset", int(self.max_length_offset))
+        object.__setattr__(self, "no_repeat_ngram_size", int(self.no_repeat_ngram_size))
 
     def _check_sampling(self):
         if self.sampling is not None and self.sampling not in SAMPLINGS:

@@ -131,6 +131,11 @@ class TorchOps:
     def right_shift(x, y):
         return torch.bitwise_right_shift(x, y)
 
+    def scatter(self, indices, values, shape):
+        """Zeros of `shape` with `values` added at `indices` (`(n, rank)`)."""
+        out = torch.zeros(tuple(shape), dtype=values.dtype, device=self.device)
+        return out.index_put_(tuple(indices.long().unbind(-1)), values, accumulate=True)
+
     @staticmethod
     def pad_to(x, axis, length):
         """`x` with zeros after its entries along `axis`, to `length`."""

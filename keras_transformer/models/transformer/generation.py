@@ -49,6 +49,7 @@ def generate(
     target_language=None,
     split_sentences=False,
     format="text",
+    no_repeat_ngram_size=0,
 ):
     """`model.generate(inputs, ...)`: its arguments and their meaning are
     those of `TransformerSeq2SeqLM.generate`; `task_class` is the class
@@ -66,6 +67,7 @@ def generate(
             batch_size=batch_size, verbose=verbose, length_penalty=length_penalty, ensemble=ensemble,
             target_prefix=target_prefix, top_k=top_k, top_p=top_p, temperature=temperature, seed=seed,
             source_language=source_language, target_language=target_language,
+            no_repeat_ngram_size=no_repeat_ngram_size,
         )
         outputs = assembled(documents, outputs)
         return outputs[0] if single else outputs
@@ -79,10 +81,11 @@ def generate(
         # keras-hub's samplers decode one model: an ensemble preset's first.
         ensemble = [] if keras_hub_sampler else model.ensemble_members
     ensemble = _check_ensemble(ensemble, task_class)
-    if keras_hub_sampler and (num_results > 1 or return_scores or ensemble or target_prefix is not None):
+    if keras_hub_sampler and (num_results > 1 or return_scores or ensemble or target_prefix is not None
+                              or no_repeat_ngram_size):
         raise ValueError(
-            "keras-hub samplers give no scores, n-best lists or ensembles, and take no target prefix; "
-            "use sampler='beam'."
+            "keras-hub samplers give no scores, n-best lists or ensembles, and take no target prefix or "
+            "no_repeat_ngram_size; use sampler='beam'."
         )
     check_int("batch_size", batch_size, minimum=1, maximum=MAX_BATCH_SIZE)
     inputs, target_prefix = _with_languages(model, inputs, source_language, target_language, target_prefix)
@@ -92,6 +95,7 @@ def generate(
     settings = DecodingSettings(
         beam_size=beam_size, alpha=alpha, length_penalty=length_penalty, max_length_offset=max_length_offset,
         num_results=num_results, target_prefix=model.target_prefix_ids(target_prefix),
+        no_repeat_ngram_size=no_repeat_ngram_size,
     )
     if sampler in ("greedy", *SAMPLINGS):
         settings = settings.replace(beam_size=1, alpha=0.0)

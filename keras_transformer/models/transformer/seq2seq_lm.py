@@ -344,6 +344,7 @@ class TransformerSeq2SeqLM(EnsembleMembers, PresetIO, keras_hub.models.Seq2SeqLM
         target_language=None,
         split_sentences=False,
         format="text",
+        no_repeat_ngram_size=0,
     ):
         """Translates sources with the key/value cache (section 6.1).
 
@@ -405,6 +406,9 @@ class TransformerSeq2SeqLM(EnsembleMembers, PresetIO, keras_hub.models.Seq2SeqLM
             format: `"text"`, or `"html"`: tags and attributes are kept,
                 text nodes translated (not `<script>` or `<style>`), and
                 the translations escaped as the page escaped its text.
+            no_repeat_ngram_size: n > 0: no output repeats n tokens (a
+                guard against degenerate repetition, as fairseq's and
+                transformers'); 0: off.
 
         Returns:
             For string inputs, strings; for token ids, lists of ids. With
@@ -418,7 +422,7 @@ class TransformerSeq2SeqLM(EnsembleMembers, PresetIO, keras_hub.models.Seq2SeqLM
             batch_size=batch_size, verbose=verbose, length_penalty=length_penalty, ensemble=ensemble,
             target_prefix=target_prefix, top_k=top_k, top_p=top_p, temperature=temperature, seed=seed,
             source_language=source_language, target_language=target_language,
-            split_sentences=split_sentences, format=format,
+            split_sentences=split_sentences, format=format, no_repeat_ngram_size=no_repeat_ngram_size,
         )
 
     @property
