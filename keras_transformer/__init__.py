@@ -3,7 +3,8 @@
 Runs the same code on JAX, TensorFlow and PyTorch. Modules follow the paper:
 `layers` (sections 3.1-3.5), `models` (section 3 and Table 3), `data` and
 `datasets` (section 5.1), `schedules` (section 5.3), `losses` (section 5.4),
-`decoding`, `callbacks` and `metrics` (section 6.1). `presets` lists the
+`decoding`, `callbacks` and `metrics` (section 6.1); `documents` splits texts
+and HTML pages into the sentences to translate. `presets` lists the
 pretrained models shipped with the package; `export` writes a TensorFlow
 SavedModel that translates strings; `convert` reads and writes Marian
 (opus-mt) checkpoints and reads M2M100 and NLLB-200 ones.
@@ -20,7 +21,7 @@ import importlib
 from keras_transformer.version import __version__
 
 _MODULES = (
-    "callbacks", "convert", "data", "datasets", "decoding", "distribution", "export", "layers",
+    "callbacks", "convert", "data", "datasets", "decoding", "distribution", "documents", "export", "layers",
     "losses", "metrics", "models", "presets", "schedules", "training", "visualization",
 )
 
