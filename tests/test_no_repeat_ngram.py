@@ -28,6 +28,7 @@ from keras_transformer.decoding import beam_search
 from keras_transformer.decoding.transforms import repeated_ngram_ends
 from keras_transformer.runtime.array_ops import KERAS_OPS
 from keras_transformer.runtime.array_ops import array_ops
+from keras_transformer.runtime.numpy_ops import NUMPY_OPS
 
 NEVER = (0, START)  # padding and start are never output
 
@@ -53,7 +54,7 @@ def test_the_banned_tokens_are_those_of_every_earlier_ngram(n):
     rng = np.random.default_rng(n)
     rows, width, vocabulary = 7, 12, 5
     history = rng.integers(1, 3, (rows, width)).astype("int32")  # two tokens: many repeats
-    namespaces = {"array_ops": array_ops(), "keras.ops": KERAS_OPS}
+    namespaces = {"array_ops": array_ops(), "keras.ops": KERAS_OPS, "numpy": NUMPY_OPS}
     banned = 0
     for index in range(width + 1):
         expected = np.zeros((rows, vocabulary), bool)

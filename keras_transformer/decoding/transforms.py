@@ -77,8 +77,10 @@ def no_repeat_ngram(n):
     """
 
     def transform(logits, index, ops, history):
-        banned = repeated_ngram_ends(history, index, n, ops.shape(logits)[1], ops)
-        return ops.where(banned, float("-inf"), ops.cast(logits, "float32"))
+        # (Found where the history is: on the host where PyTorch keeps the
+        # search's state there, `runtime.array_ops.search_state_ops`.)
+        banned = repeated_ngram_ends(history, index, n, ops.shape(logits)[1], array_ops(history))
+        return ops.where(ops.convert_to_tensor(banned, "bool"), float("-inf"), ops.cast(logits, "float32"))
 
     return transform
 

@@ -122,6 +122,13 @@ class NumpyOps:
         return np.isfinite(x)
 
     @staticmethod
+    def scatter(indices, values, shape):
+        """Zeros of `shape` with `values` added at `indices` (`(n, rank)`)."""
+        out = np.zeros(tuple(shape), np.asarray(values).dtype)
+        np.add.at(out, tuple(np.asarray(indices).T), values)
+        return out
+
+    @staticmethod
     def pad_to(x, axis, length):
         """`x` with zeros after its entries along `axis`, to `length`."""
         padding = [(0, 0)] * np.ndim(x)
