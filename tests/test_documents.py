@@ -6,7 +6,6 @@ sentences translated one by one."""
 
 import contextlib
 import io
-import re
 
 import pytest
 from helpers import once
@@ -192,7 +191,7 @@ def test_generate_splits_a_sentence_longer_than_the_model_reads(preset_model):
     sentence = ", ".join([clause] * 30) + "."  # some 360 tokens; the model reads 256
     with pytest.raises(ValueError, match="longer than the model's max_sequence_length"):
         preset_model.generate(sentence, beam_size=1)
-    translated = preset_model.generate(sentence, split_sentences=True, sampler="greedy")
+    translated = preset_model.generate(sentence, split_sentences=True, sampler="greedy", max_length_offset=0)
     assert translated.count(", ") >= 1 and len(translated.split()) > 100  # pieces, each translated
     with pytest.raises(ValueError, match="one translation a document"):
         preset_model.generate(sentence, split_sentences=True, return_scores=True)
@@ -219,4 +218,3 @@ def test_the_command_line_translates_documents(preset_model, tmp_path):
     assert translate("--document", "-i", str(path)) == f"{expected[0]} {expected[1]}\r\n\r\n  {expected[2]}"
     page = f"<p>{SENTENCES[2]}</p>"
     assert translate("--format", "html", page) == f"<p>{expected[2]}</p>\n"
-    assert re.fullmatch(r"\S.*\n", translate(SENTENCES[2]))  # the default: lines as they are
