@@ -197,6 +197,13 @@ def test_generate_splits_a_sentence_longer_than_the_model_reads(preset_model):
         preset_model.generate(sentence, split_sentences=True, return_scores=True)
     with pytest.raises(ValueError, match="Unknown format"):
         preset_model.generate(sentence, format="pdf")
+    # What generate gives a Document, for those who translate its segments themselves.
+    from keras_transformer.models.transformer.generation import document_options
+
+    options = document_options(preset_model)
+    assert (options["language"], options["max_tokens"]) == ("en", 256)  # (the preset's metadata.json)
+    assert options["tokenize"]("A dog runs.") == len(preset_model.preprocessor.generate_preprocess(["A dog runs."])[0])
+    assert document_options(preset_model, source_language="de")["language"] == "de"
 
 
 @once

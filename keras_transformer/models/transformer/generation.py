@@ -137,21 +137,37 @@ def _documents(model, inputs, split_sentences, format, source_language):
     if isinstance(inputs, dict):
         raise ValueError("split_sentences and format='html' read text: give strings, not token ids.")
     texts, single = source_texts(inputs)
+    options = document_options(model, source_language)
+    documents = [Document(text, format=format, split_sentences=bool(split_sentences), **options) for text in texts]
+    return documents, single
+
+
+def document_options(model, source_language=None):
+    """`Document`'s `language`, `max_tokens` and `tokenize` for texts that
+    `model` translates, as `generate(..., split_sentences=True)` gives
+    them: the source language (`document_language`), and the model's
+    limit with its tokenizer's count (start and end tokens included; a
+    token less for a multilingual model, whose sources start with their
+    language's code).
+
+    Example:
+
+    ```python
+    from keras_transformer.documents import Document
+
+    document = Document(text, format="html", **document_options(model))
+    translations = model.generate(document.segments)
+    page = document.assemble(translations)
+    ```
+    """
     preprocessor = model.preprocessor
     _require_tokenizer(model)
-    # (A multilingual model's source starts with its language's code: a token more.)
     max_tokens = model.backbone.max_sequence_length - (1 if model_languages(preprocessor.tokenizer) else 0)
 
-    def count(text):
+    def tokenize(text):
         return len(preprocessor.generate_preprocess([text])[0])
 
-    language = document_language(model, source_language)
-    documents = [
-        Document(text, format=format, language=language, max_tokens=max_tokens, tokenize=count,
-                 split_sentences=bool(split_sentences))
-        for text in texts
-    ]
-    return documents, single
+    return {"language": document_language(model, source_language), "max_tokens": max_tokens, "tokenize": tokenize}
 
 
 def document_language(model, source_language=None):
