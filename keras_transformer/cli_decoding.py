@@ -29,8 +29,8 @@ def add_decoding_options(p):
     p.add_argument("--temperature", type=float, default=1.0, help="divide the logits by this first (default: 1)")
     p.add_argument("--seed", type=int, default=0, help="a sample is a function of its source and the seed "
                    "(default: 0)")
-    p.add_argument("--no-repeat-ngram-size", type=int, default=0, metavar="N", help="no translation repeats N "
-                   "tokens, a guard against degenerate repetition (default: 0, off)")
+    p.add_argument("--no-repeat-ngram-size", type=arguments.non_negative_int, default=0, metavar="N",
+                   help="no translation repeats N tokens, a guard against degenerate repetition (default: 0, off)")
 
 
 def decoding_options(args):

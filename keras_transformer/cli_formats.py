@@ -51,8 +51,8 @@ def _add_export(subparsers):
                    help="gnmt: ((5 + |Y|) / 6) ** alpha, the paper's; length: |Y| ** alpha (default: gnmt)")
     p.add_argument("--target-prefix", metavar="TEXT", help="start every translation with TEXT, forced in the "
                    "export's search")
-    p.add_argument("--no-repeat-ngram-size", type=int, default=0, metavar="N", help="no translation repeats N "
-                   "tokens, in the export's search (default: 0, off)")
+    p.add_argument("--no-repeat-ngram-size", type=arguments.non_negative_int, default=0, metavar="N",
+                   help="no translation repeats N tokens, in the export's search (default: 0, off)")
     p.add_argument("--overwrite", action="store_true", help="replace an earlier export in the output directory")
     p.add_argument("--jit-compile", action="store_true",
                    help="compile the search with XLA: several times as fast one sentence at a time, but each "
