@@ -163,6 +163,29 @@ def test_translate_one_text_and_a_list(server, expected):
 
 
 @once
+def test_documents_and_html_come_back_translated_sentence_by_sentence(server, expected):
+    """Each text is a document: its sentences are translated one by one
+    (as `generate` translates each alone), its paragraphs, whitespace and
+    markup kept."""
+    first, second, third = SENTENCES[:3]
+    text = f"  {first} {second}\n\n{third}\n"
+    status, answer = server.translate(text)
+    assert (status, answer) == (
+        200, {"translatedText": f"  {expected(first)} {expected(second)}\n\n{expected(third)}\n"})
+    page = f'<p class="a">{first} {second}</p>\n<p title="{third}">{third}</p><script>var x = "{first}";</script>'
+    status, answer = server.translate([page, "<br>"], format="html")
+    assert status == 200
+    assert answer == {"translatedText": [
+        f'<p class="a">{expected(first)} {expected(second)}</p>\n<p title="{third}">{expected(third)}</p>'
+        f'<script>var x = "{first}";</script>',
+        "<br>",  # (markup alone: nothing to translate)
+    ]}
+    # A paragraph longer than the model reads: each of its sentences translated.
+    status, answer = server.translate(" ".join([first] * 60))
+    assert (status, answer) == (200, {"translatedText": " ".join([expected(first)] * 60)})
+
+
+@once
 def test_form_bodies_and_source_auto(server, expected):
     form = urllib.parse.urlencode({"q": SENTENCES[4], "source": "auto", "target": "de"})
     status, answer = server.request(
@@ -208,9 +231,6 @@ def test_languages_health_and_metrics(server):
         ({"q": "x" * (MAX_CHARS + 1), "source": "en", "target": "de"}, None, 413, f"limit of {MAX_CHARS} characters"),
         ({"q": ["A dog."] * (MAX_SENTENCES + 1), "source": "en", "target": "de"}, None, 413,
          f"limit of {MAX_SENTENCES} texts"),
-        # generate's own ValueError: a source longer than the model reads.
-        ({"q": " ".join(["A man is riding a bicycle."] * 60), "source": "en", "target": "de"}, None, 400,
-         "max_sequence_length"),
     ],
 )
 def test_bad_requests_are_json_errors(server, body, headers, status, says):
@@ -428,7 +448,7 @@ def test_request_checks():
     assert (checked.texts, checked.single, checked.source, checked.target, checked.format) == (
         [""], True, "auto", "de", "text")
     for fields, status in [({"q": ["a", "b", "c"], "target": "de"}, 413), ({"q": "a" * 13, "target": "de"}, 413),
-                           ({"q": "a", "target": "de", "format": "html"}, 400), ({"q": {}, "target": "de"}, 422)]:
+                           ({"q": "a", "target": "de", "format": "pdf"}, 400), ({"q": {}, "target": "de"}, 422)]:
         with pytest.raises(ApiError) as raised:
             check_request(fields, limits)
         assert raised.value.status == status, (fields, raised.value.message)

@@ -1,8 +1,10 @@
 """The server's routes, LibreTranslate's API on FastAPI.
 
 - `POST /translate`: `{"q": str | [str], "source": "en" | "auto", "target":
-  "de", "format": "text"}` -> `{"translatedText": str | [str]}` (a list for
-  a list), `{"error": ...}` with 400, 413, 415 or 422 for a bad request.
+  "de", "format": "text" | "html"}` -> `{"translatedText": str | [str]}` (a
+  list for a list), `{"error": ...}` with 400, 413, 415 or 422 for a bad
+  request. Each text is a document: split into sentences (`documents.py`),
+  its paragraphs, whitespace and HTML markup kept.
 - `GET /languages`: `[{"code": "en", "name": "English", "targets": ["de"]}]`.
 - `GET /health`, `GET /metrics` (`metrics.py`), and the page at `GET /`
   (`page.html`).
@@ -18,6 +20,8 @@ import logging
 import time
 
 from keras_transformer.serving.batcher import Job
+from keras_transformer.serving.documents import assembled
+from keras_transformer.serving.documents import split_documents
 from keras_transformer.serving.errors import ApiError
 from keras_transformer.serving.errors import install_error_handlers
 from keras_transformer.serving.page import page_html
@@ -94,9 +98,18 @@ def create_app(registry, batcher, metrics, limits=Limits()):
         except ApiError as error:
             metrics.request_finished(error.status, time.monotonic() - started, started=False)
             raise
-        translations = await _translations(request, batcher, metrics, route, checked.texts, started)
+        try:  # (off the event loop: a long request's tokenization takes a while)
+            documents, segments = await asyncio.get_running_loop().run_in_executor(
+                None, split_documents, route, checked.texts, checked.format)
+        except ValueError as error:
+            metrics.request_finished(400, time.monotonic() - started, started=False)
+            raise ApiError(400, f"Cannot translate text: {error}") from None
+        translations = []
+        if segments:  # (texts of whitespace or markup only: nothing to decode)
+            translations = await _translations(request, batcher, metrics, route, segments, started)
         if translations is None:  # the client left: nobody reads this
             return JSONResponse({"error": "client closed the request"}, status_code=499)
+        translations = assembled(documents, translations)
         answer = {"translatedText": translations[0] if checked.single else translations}
         if checked.source == "auto":
             # Not detected: the one source this server translates into the target.

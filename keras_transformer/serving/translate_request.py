@@ -17,7 +17,6 @@ from keras_transformer.serving.errors import ApiError
 FORMATS = ("text", "html")
 # Formats this server translates; "html" (tags kept, text nodes translated)
 # is refused with a message until it is decoded as documents.
-SERVED_FORMATS = ("text",)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -113,9 +112,6 @@ def check_request(fields, limits):
     text_format = text_format or "text"
     if text_format not in FORMATS:
         raise ApiError(400, f"Invalid request: {text_format!r} format is not supported (text or html)")
-    if text_format not in SERVED_FORMATS:
-        raise ApiError(400, f"Invalid request: {text_format!r} format is not supported by this server yet; "
-                            "send the text (format \"text\")")
     if len(texts) > limits.max_sentences:
         raise ApiError(413, f"Invalid request: the request holds {len(texts)} texts, over the limit of "
                             f"{limits.max_sentences} texts a request")
