@@ -257,14 +257,17 @@ def test_commands_decode_with_an_ensemble_presets_models_and_exports_warn(tmp_pa
     import argparse
 
     from keras_transformer import cli
+    from keras_transformer.cli_decoding import add_decoding_options
     from keras_transformer.convert import export_marian
 
     first, second = preset_sized_models([(1, 1), (2, 2)])
     first.set_ensemble_members([second])
     first.save_to_preset(tmp_path / "preset")
-    args = argparse.Namespace(ensemble=[str(tmp_path / "preset")], dtype=None, quantize=None, beam_size=4,
-                              alpha=0.6, length_penalty="gnmt", first_model_only=False, target_prefix=None,
-                              sampling=None, source_language=None, target_language=None)
+    # (The decoding options' defaults as the command line's parser gives them.)
+    parser = argparse.ArgumentParser()
+    add_decoding_options(parser)
+    args = parser.parse_args([])
+    args.ensemble, args.dtype, args.quantize, args.first_model_only = [str(tmp_path / "preset")], None, None, False
     model, decoding = cli._load_translator(str(tmp_path / "preset"), args)
     # The preset's two models, then the --ensemble preset's two.
     assert [m.backbone.num_layers for m in [model, *decoding["ensemble"]]] == [1, 2, 1, 2]
