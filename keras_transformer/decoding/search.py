@@ -244,9 +244,9 @@ def kept_slots(state, cross, keep, beam_size, reorder_later=False):
         beams = ops.reshape(parents, (-1, k)) - keep[:, None] * k
         parents = ops.reshape(ops.arange(ops.shape(keep)[0], dtype="int32")[:, None] * k + beams, (-1,))
         cache_ops = _cache_ops(caches)
-        cache_rows = cache_ops.convert_to_tensor(beam_rows, "int32")
+        cache_rows, cache_keep = (cache_ops.convert_to_tensor(x, "int32") for x in (beam_rows, keep))
         kept_caches = [
-            beam_cache.kept(cache, cache_ops.convert_to_tensor(keep, "int32")) if beam_cache.is_beam_cache(cache)
+            beam_cache.kept(cache, cache_keep) if beam_cache.is_beam_cache(cache)
             else tuple(cache_ops.take(x, cache_rows, axis=0) for x in cache)
             for cache in caches
         ]
@@ -254,7 +254,7 @@ def kept_slots(state, cross, keep, beam_size, reorder_later=False):
         index, take(tokens, beam_rows), parents, take(sequences, keep), take(log_probs, keep),
         tuple(take(x, keep) for x in finished), take(count, keep), take(done, keep), kept_caches,
     )
-    cache_ops = array_ops(cross[0][0] if cross else None)
+    cache_ops = _cache_ops(cross)
     cache_keep = cache_ops.convert_to_tensor(keep, "int32")
     return state, [(cache_ops.take(keys, cache_keep, axis=0), cache_ops.take(values, cache_keep, axis=0))
                    for keys, values in cross]

@@ -66,8 +66,7 @@ def search_state_ops(like=None):
     `like` (a cache): NumPy's where PyTorch decodes on the CPU, which runs
     the search's bookkeeping a step at a time between decoder steps, and
     there NumPy's calls on a few dozen numbers cost less than PyTorch's
-    (`runtime.numpy_ops`): one sentence at a time, the shipped preset's
-    first model, 2-core AMD EPYC, 1.2x the sentences a second. Elsewhere
+    (`runtime.numpy_ops`). Elsewhere
     `array_ops(like)`: a GPU's tensors stay on it, and JAX and TensorFlow
     trace the search into compiled code."""
     if keras.config.backend() == "torch" and getattr(getattr(like, "device", None), "type", "cpu") == "cpu":
