@@ -35,8 +35,11 @@ def family(request, tmp_path_factory):
 
 
 def _hf_generate(model, ids, forced, **kwargs):
+    """transformers' output ids (the forced target code first; without
+    `forced`, generation_config.json's)."""
+    forcing = {} if forced is None else {"forced_bos_token_id": forced}
     with torch.no_grad():
-        out = model.generate(torch.tensor([ids]), forced_bos_token_id=forced, do_sample=False, **kwargs)[0].tolist()
+        out = model.generate(torch.tensor([ids]), do_sample=False, **forcing, **kwargs)[0].tolist()
     out = out[1:]
     return out[: out.index(model.config.eos_token_id)] if model.config.eos_token_id in out else out
 
@@ -61,6 +64,12 @@ def test_tokenization_matches_transformers(family):
 
 def test_logits_match_transformers_on_padded_batches(family):
     _, _, model, tokenizer, ours = family
+    assert _logits_difference(model, tokenizer, ours) < 1e-4
+
+
+def _logits_difference(model, tokenizer, ours):
+    """The largest difference between transformers' `model`'s logits and
+    `ours`' on a padded batch of `TEXTS` (teacher forcing)."""
     targets = [text[::-1] for text in TEXTS]
     batch = tokenizer(TEXTS, text_target=targets, padding=True, return_tensors="np")
     pad, start = model.config.pad_token_id, model.config.decoder_start_token_id
@@ -82,8 +91,8 @@ def test_logits_match_transformers_on_padded_batches(family):
             decoder_attention_mask=torch.tensor(decoder_mask),
         ).logits.numpy()
     real = decoder_mask.astype(bool)
-    assert np.abs(logits - expected)[real].max() < 1e-4
     assert np.abs(expected[real]).max() > 1.0  # not trivially small
+    return np.abs(logits - expected)[real].max()
 
 
 def _padded(sources, pad):
@@ -208,3 +217,65 @@ def test_unsupported_variants_are_refused(family, tmp_path):
     os.remove(tmp_path / "deep" / "sentencepiece.bpe.model")
     with pytest.raises(PresetError, match="has no sentencepiece.bpe.model"):
         TransformerSeq2SeqLM.from_preset(_variant(str(tmp_path / "deep"), tmp_path, "no-spm", decoder_layers=2))
+
+
+def _ctranslate2_greedy(directory, tokenizer, sources, target, offset, tmp_path):
+    """CTranslate2's greedy outputs (ids, the target code first) of the
+    transformers directory `directory`, converted by its own converter."""
+    ctranslate2 = pytest.importorskip("ctranslate2")
+    converted = str(tmp_path / "ct2")
+    if not os.path.isdir(converted):
+        ctranslate2.converters.TransformersConverter(directory).convert(converted)
+    translator = ctranslate2.Translator(converted, device="cpu")
+    return [
+        tokenizer.convert_tokens_to_ids(translator.translate_batch(
+            [tokenizer.convert_ids_to_tokens(ids)], target_prefix=[[target]], beam_size=1,
+            max_decoding_length=len(ids) + offset)[0].hypotheses[0])
+        for ids in sources
+    ]
+
+
+@once  # (a write-out reads the weights as numbers, the same on every backend)
+def test_write_out_loads_in_transformers_and_ctranslate2(family, tmp_path, capsys):
+    """`export-transformers` writes an m2m_100 directory: transformers'
+    model and tokenizer load it (the tokenizer class of the family, the same
+    ids; logits within 1e-4; greedy outputs with the default target language
+    of generation_config.json), CTranslate2 converts it and translates as
+    this package for two target languages, and this package reads it back."""
+    from keras_transformer.cli import main
+    from keras_transformer.convert import export_m2m100
+    from keras_transformer.models import TransformerBackbone
+    from keras_transformer.models import TransformerSeq2SeqLM
+
+    name, directory, _, _, ours = family
+    out = str(tmp_path / "exported")
+    main(["export-transformers", "--preset", directory, out])
+    assert capsys.readouterr().out.strip() == f"Wrote the m2m_100 model to {out}"
+    model = transformers.AutoModelForSeq2SeqLM.from_pretrained(out).eval()
+    tokenizer = transformers.AutoTokenizer.from_pretrained(out)
+    assert type(model).__name__ == "M2M100ForConditionalGeneration"
+    assert type(tokenizer).__name__.startswith({"m2m100": "M2M100Tokenizer", "nllb": "NllbTokenizer"}[name])
+    sources = ours.preprocessor.generate_preprocess(TEXTS)
+    assert [tokenizer(text).input_ids for text in TEXTS] == sources
+    assert _logits_difference(model, tokenizer, ours) < 1e-4
+    offset, pad = 15, model.config.pad_token_id
+    # generation_config.json: decoding from </s>, the tokenizer's target language forced first.
+    expected = ours.generate(_padded(sources, pad), sampler="greedy", max_length_offset=offset)
+    assert [_hf_generate(model, ids, None, num_beams=1, max_new_tokens=len(ids) + offset) for ids in sources] == expected
+    outputs = []
+    for target in TARGETS[name]:
+        expected = ours.generate(_padded(sources, pad), sampler="greedy", max_length_offset=offset, target_language=target)
+        assert _ctranslate2_greedy(out, tokenizer, sources, target, offset, tmp_path) == expected, target
+        outputs += expected
+    assert len({tuple(ids) for ids in outputs}) >= 4, outputs  # not one output for all
+    again = TransformerSeq2SeqLM.from_preset(out)
+    assert again.languages == ours.languages
+    for mine, theirs in zip(ours.backbone.weights, again.backbone.weights):
+        np.testing.assert_array_equal(keras.ops.convert_to_numpy(theirs), keras.ops.convert_to_numpy(mine))
+    assert again.generate(TEXTS, sampler="greedy", target_language="fr") == ours.generate(
+        TEXTS, sampler="greedy", target_language="fr")
+    # What m2m_100 cannot hold is refused before anything is written.
+    post_norm = TransformerBackbone.from_config({**ours.backbone.get_config(), "normalize_first": False})
+    with pytest.raises(PresetError, match="m2m_100 cannot hold this model: it has post-norm layers"):
+        export_m2m100(TransformerSeq2SeqLM(post_norm, ours.preprocessor), tmp_path / "post-norm")
+    assert not (tmp_path / "post-norm").exists()

@@ -132,11 +132,28 @@ def to_ours(state, theirs, ours, kind, perm, h):
     return out
 
 
+def backbone_values(backbone):
+    """{variable path: float32 NumPy array} of `backbone`'s weights."""
+    return {v.path: np.asarray(v.numpy() if hasattr(v, "numpy") else v, "float32") for v in backbone.weights}
+
+
+def checkpoint_layers(values, num_layers, inverse):
+    """The encoder and decoder layers of a transformers state dict
+    (`model.encoder.layers.0.self_attn.q_proj.weight`...) from a backbone's
+    `values`, the d_model axis ordered by `inverse` (Marian's order; the
+    identity for fairseq's models)."""
+    state = {}
+    for decoder in (False, True):
+        for i in range(num_layers):
+            for theirs, ours, kind in layer_names("", i, decoder):
+                state.update(to_theirs(values, f"model.{theirs}", ours, kind, inverse))
+    return state
+
+
 def backbone_to_marian_weights(backbone):
     """A Marian state dict (NumPy arrays, transformers' names) of `backbone`."""
-    values = {v.path: np.asarray(v.numpy() if hasattr(v, "numpy") else v, "float32") for v in backbone.weights}
-    d = backbone.d_model
-    inverse = np.argsort(position_permutation(d))
+    values = backbone_values(backbone)
+    inverse = np.argsort(position_permutation(backbone.d_model))
     embeddings = values["token_embedding/embeddings"][:, inverse]
     bias = values.get("token_embedding/logits_bias", np.zeros(embeddings.shape[0], "float32"))
     state = {
@@ -145,15 +162,15 @@ def backbone_to_marian_weights(backbone):
         "model.decoder.embed_tokens.weight": embeddings,
         "lm_head.weight": embeddings,
         "final_logits_bias": bias.reshape(1, -1),
+        **checkpoint_layers(values, backbone.num_layers, inverse),
     }
-    for decoder in (False, True):
-        for i in range(backbone.num_layers):
-            for theirs, ours, kind in layer_names("", i, decoder):
-                state.update(_to_theirs(values, f"model.{theirs}", ours, kind, inverse))
     return {name: np.ascontiguousarray(value, "float32") for name, value in state.items()}
 
 
-def _to_theirs(values, theirs, ours, kind, inverse):
+def to_theirs(values, theirs, ours, kind, inverse):
+    """The tensors of transformers' module `theirs` (a LayerNorm, a
+    feed-forward half or an attention block: `kind`) from the backbone
+    variables under `ours`, the d_model axis ordered by `inverse`."""
     if kind == "norm":
         return {f"{theirs}.weight": values[f"{ours}/gamma"][inverse], f"{theirs}.bias": values[f"{ours}/beta"][inverse]}
     if kind == "inner":
