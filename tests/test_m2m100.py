@@ -166,7 +166,7 @@ def test_one_pair_models_refuse_languages():
 
 
 @once  # (the tokenizer, languages, files and errors: the same on every backend)
-def test_convert_writes_a_preset_with_languages_and_licence(family, tmp_path):
+def test_convert_writes_a_preset_with_languages_and_licence(family, tmp_path, capsys):
     from keras_transformer import presets
     from keras_transformer.cli import main
     from keras_transformer.models import M2M100Tokenizer
@@ -178,6 +178,18 @@ def test_convert_writes_a_preset_with_languages_and_licence(family, tmp_path):
     metadata = presets.read_metadata(preset)
     assert metadata["license"] == ("CC-BY-NC-4.0" if name == "nllb" else "MIT")
     assert metadata["language_codes"] == ours.languages
+    # `presets` names the languages (and the licence) of a converted preset, and of a checkpoint.
+    capsys.readouterr()
+    count = len(ours.languages)
+    for described in (preset, directory):
+        main(["presets", described])
+        out = capsys.readouterr().out
+        assert f"languages: {count}, any to any ({', '.join(ours.languages[:6])}" in out, out
+        assert f"license: {metadata['license']}" in out
+    main(["presets", preset, "--languages"])
+    assert " ".join(ours.languages[-3:]) in capsys.readouterr().out
+    main(["presets"])
+    assert "languages: en to de" in capsys.readouterr().out  # the shipped presets' pair
     converted = TransformerSeq2SeqLM.from_preset(preset)
     assert isinstance(converted.preprocessor.tokenizer, M2M100Tokenizer)
     assert converted.languages == ours.languages
@@ -279,3 +291,35 @@ def test_write_out_loads_in_transformers_and_ctranslate2(family, tmp_path, capsy
     with pytest.raises(PresetError, match="m2m_100 cannot hold this model: it has post-norm layers"):
         export_m2m100(TransformerSeq2SeqLM(post_norm, ours.preprocessor), tmp_path / "post-norm")
     assert not (tmp_path / "post-norm").exists()
+
+
+@pytest.mark.skipif(keras.config.backend() != "tensorflow", reason="the SavedModel export runs in TensorFlow")
+def test_saved_model_takes_the_languages_as_inputs(family, tmp_path):
+    """The SavedModel of a multilingual model takes `source_language` and
+    `target_language` (one for all texts or one each; "" for the model's
+    own) and translates as `generate` does; with XLA too (one family)."""
+    import tensorflow as tf
+
+    from keras_transformer.export import export_saved_model
+
+    name, _, _, _, ours = family
+    german, french = TARGETS[name]
+    options = dict(beam_size=2, max_length_offset=10)
+    by_target = {target: ours.generate(TEXTS, **options, target_language=target) for target in (german, french)}
+    mixed = [(german, french, "de", "fr")[i % 4] for i in range(len(TEXTS))]
+    expected = [by_target[(german, french)[i % 2]][i] for i in range(len(TEXTS))]
+    assert by_target[german] != by_target[french]
+    for jit_compile in (False, True) if name == "nllb" else (False,):
+        directory = export_saved_model(ours, str(tmp_path / f"saved-{jit_compile}"), jit_compile=jit_compile, **options)
+        translate = tf.saved_model.load(directory).signatures["serving_default"]
+
+        def strings(target, source=""):
+            outputs = translate(text=tf.constant(TEXTS), source_language=tf.constant([source]),
+                                target_language=tf.constant(target))["translations"].numpy()
+            return [output.decode("utf-8") for output in outputs]
+
+        assert strings(mixed) == expected
+        assert strings(["FR"], source="eng") == by_target[french]
+        assert strings([""]) == by_target[german]  # the tokenizer's target language (tgt_lang)
+        with pytest.raises(tf.errors.InvalidArgumentError, match="does not know a target_language given"):
+            strings(["klingon"])

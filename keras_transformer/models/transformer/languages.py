@@ -96,6 +96,27 @@ def resolve_language(name, codes, role="language"):
     )
 
 
+def language_names(codes):
+    """`{name: code}`: every name that `resolve_language` takes for one of
+    `codes` (the code itself, and the ISO 639-1 / 639-3 codes that name
+    it alone), lowercased: what a SavedModel's language inputs look up.
+
+    >>> sorted(language_names(["__en__", "__de__"]).items())[:4]
+    [('__de__', '__de__'), ('__en__', '__en__'), ('de', '__de__'), ('deu', '__de__')]
+    """
+    codes = list(codes)
+    names = {}
+    for code in codes:
+        core = _core(code)
+        for name in {code.lower(), *(_iso_aliases(core) if core else ())}:
+            try:
+                if resolve_language(name, codes) == code:
+                    names[name] = code
+            except ValueError:  # (ambiguous: zh for zho_Hans and zho_Hant)
+                pass
+    return names
+
+
 def model_languages(tokenizer):
     """The language codes of a tokenizer's vocabulary, in id order: those
     it lists (`language_codes`), else its opus-mt `>>xx<<` tokens; `[]`
