@@ -67,9 +67,25 @@ def test_logits_match_transformers_on_padded_batches(family):
     assert _logits_difference(model, tokenizer, ours) < 1e-4
 
 
+def test_loads_in_bfloat16(family):
+    """`from_preset(..., dtype="bfloat16")`: bfloat16 weights (assigned a
+    block of rows at a time, cast on the way), logits near float32's."""
+    _, directory, model, tokenizer, ours = family
+    from keras_transformer.models import TransformerSeq2SeqLM
+
+    half = TransformerSeq2SeqLM.from_preset(directory, dtype="bfloat16")
+    embeddings = half.backbone.token_embedding.embeddings
+    assert keras.backend.standardize_dtype(embeddings.dtype) == "bfloat16"
+    expected = keras.ops.convert_to_numpy(ours.backbone.token_embedding.embeddings)
+    np.testing.assert_allclose(keras.ops.convert_to_numpy(keras.ops.cast(embeddings, "float32")), expected, rtol=1e-2,
+                               atol=1e-6)
+    assert _logits_difference(model, tokenizer, half) < 0.05 * _logits_difference(model, tokenizer, None)
+
+
 def _logits_difference(model, tokenizer, ours):
     """The largest difference between transformers' `model`'s logits and
-    `ours`' on a padded batch of `TEXTS` (teacher forcing)."""
+    `ours`' on a padded batch of `TEXTS` (teacher forcing); without
+    `ours`, transformers' largest logit."""
     targets = [text[::-1] for text in TEXTS]
     batch = tokenizer(TEXTS, text_target=targets, padding=True, return_tensors="np")
     pad, start = model.config.pad_token_id, model.config.decoder_start_token_id
@@ -82,7 +98,6 @@ def _logits_difference(model, tokenizer, ours):
         "decoder_token_ids": decoder_ids,
         "decoder_padding_mask": decoder_mask,
     }
-    logits = keras.ops.convert_to_numpy(ours(inputs))
     with torch.no_grad():
         expected = model(
             input_ids=torch.tensor(inputs["encoder_token_ids"]).long(),
@@ -92,6 +107,9 @@ def _logits_difference(model, tokenizer, ours):
         ).logits.numpy()
     real = decoder_mask.astype(bool)
     assert np.abs(expected[real]).max() > 1.0  # not trivially small
+    if ours is None:  # (the logits' scale)
+        return np.abs(expected[real]).max()
+    logits = keras.ops.convert_to_numpy(keras.ops.cast(ours(inputs), "float32"))
     return np.abs(logits - expected)[real].max()
 
 
@@ -323,3 +341,31 @@ def test_saved_model_takes_the_languages_as_inputs(family, tmp_path):
         assert strings([""]) == by_target[german]  # the tokenizer's target language (tgt_lang)
         with pytest.raises(tf.errors.InvalidArgumentError, match="does not know a target_language given"):
             strings(["klingon"])
+
+
+@once  # (the loader streams the same on every backend; benchmarks/load_memory.py measures each)
+def test_a_checkpoint_loads_within_one_and_a_half_times_its_size(tmp_path_factory):
+    """`from_preset` of a 231 MiB checkpoint that transformers builds
+    (d_model 512, 6+6 layers, 32,000 tokens) peaks at most 1.5x its
+    float32 size above the memory before it (the high-water mark of a
+    process of its own, `benchmarks/load_memory.py`):
+    the tensors are read one at a time, the embeddings a block of rows at
+    a time (reading the whole file first and converting it peaked at
+    3.1x)."""
+    import subprocess
+    import sys
+
+    from conftest import ROOT
+    from m2m100_fixture import save_sized
+
+    root = tmp_path_factory.mktemp("memory")
+    tiny = save_tiny(str(root / "tiny"), "m2m100")
+    directory = save_sized(str(root / "sized"), tiny, d_model=512, encoder_layers=6, decoder_layers=6,
+                           encoder_attention_heads=8, decoder_attention_heads=8, encoder_ffn_dim=2048,
+                           decoder_ffn_dim=2048, vocab_size=32000)
+    result = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "load_memory.py"), "--probe", directory,
+                             tiny], capture_output=True, text=True, env={**os.environ, "KERAS_BACKEND": "torch"})
+    assert result.returncode == 0, result.stderr[-3000:]
+    row = json.loads(result.stdout.strip().splitlines()[-1])
+    assert row["float32_bytes"] > 200 * 2**20
+    assert row["peak"] <= 1.5, row
