@@ -22,6 +22,7 @@ from keras_transformer.models.transformer.in_memory_data import IN_MEMORY
 from keras_transformer.models.transformer.in_memory_data import check_in_memory
 from keras_transformer.models.transformer.in_memory_data import check_validation_data
 from keras_transformer.models.transformer.in_memory_data import shuffled_batches
+from keras_transformer.models.transformer.in_memory_data import with_languages
 from keras_transformer.models.transformer.languages import model_languages
 from keras_transformer.models.transformer.seq2seq_lm_preprocessor import (
     TransformerSeq2SeqLMPreprocessor,
@@ -130,6 +131,8 @@ class TransformerSeq2SeqLM(EnsembleMembers, PresetIO, keras_hub.models.Seq2SeqLM
         validation_split=None,
         shuffle=True,
         long_pairs="error",
+        source_language=None,
+        target_language=None,
         **kwargs,
     ):
         """`keras.Model.fit`, shuffling data held in memory every epoch.
@@ -149,7 +152,14 @@ class TransformerSeq2SeqLM(EnsembleMembers, PresetIO, keras_hub.models.Seq2SeqLM
         are an error that counts them unless `long_pairs` is `"drop"`
         (leave them out) or `"truncate"` (cut them, as keras-hub does);
         `evaluate` and `predict` take `long_pairs` too.
+
+        A multilingual model (M2M100, NLLB-200) learns a pair with
+        `source_language` and `target_language` (as `generate` takes them):
+        their codes start the sources and targets held in memory, framed
+        as the checkpoint was trained (`languages.with_pair_languages`);
+        `evaluate` takes them too.
         """
+        x, validation_data = with_languages(self.preprocessor, x, validation_data, source_language, target_language)
         x, kept = check_in_memory(self.preprocessor, x, y, "fit", long_pairs=long_pairs)
         if kept is not None and isinstance(sample_weight, (list, tuple, np.ndarray)):
             sample_weight = np.asarray(sample_weight)[kept]
@@ -170,7 +180,8 @@ class TransformerSeq2SeqLM(EnsembleMembers, PresetIO, keras_hub.models.Seq2SeqLM
             **kwargs,
         )
 
-    def evaluate(self, x=None, y=None, *args, long_pairs="error", **kwargs):
+    def evaluate(self, x=None, y=None, *args, long_pairs="error", source_language=None, target_language=None, **kwargs):
+        x, _ = with_languages(self.preprocessor, x, None, source_language, target_language)
         x, _ = check_in_memory(self.preprocessor, x, y, "evaluate", long_pairs=long_pairs)
         return super().evaluate(x, y, *args, **kwargs)
 
