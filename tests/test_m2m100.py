@@ -424,3 +424,48 @@ def _framed(model, x):
     from keras_transformer.models.transformer.languages import with_pair_languages
 
     return with_pair_languages(model.preprocessor.tokenizer, x, "en", "fr")
+
+
+@once  # (the run's framing and files; fit's framing is checked on every backend above)
+def test_a_training_run_from_a_multilingual_preset_learns_the_pair(family, multi30k_dir, tmp_path, capsys):
+    """`train --from-preset PRESET --source en --target fr` (or
+    `--source-language` / `--target-language` as the model names them):
+    the run's batches are framed with the codes, the run keeps the
+    imported tokenizer to resume with, and the saved model translates
+    into the target language by default."""
+    from keras_transformer import presets
+    from keras_transformer.cli import main
+    from keras_transformer.data.batching import tokenize_pairs
+    from keras_transformer.models import TransformerSeq2SeqLM
+    from keras_transformer.training import train_multi30k
+
+    name, directory, _, tokenizer, ours = family
+    if name != "nllb":
+        pytest.skip("the run's framing is the family's: checked once, with NLLB-200's codes")
+    preset, run = str(tmp_path / "preset"), str(tmp_path / "run")
+    main(["convert", directory, preset])
+    with pytest.raises(SystemExit, match="does not know the source_language 'klingon'"):
+        main(["train", "--output-dir", run, "--from-preset", preset, "--source-language", "klingon", "--data-dir",
+              multi30k_dir, "--target", "fr", "--limit", "8"])
+    assert not os.path.exists(run)  # (a failed start leaves nothing)
+    settings = dict(data_dir=multi30k_dir, initial_preset=preset, source="en", target="fr", target_language="fra_Latn",
+                    limit=32, validation_limit=16, bleu_sentences=0, max_tokens=512, warmup_steps=10, initial_step=0,
+                    verbose=0)
+    model, history = train_multi30k(run, epochs=1, **settings)
+    assert os.path.isdir(os.path.join(run, "tokenizer")) and not os.path.exists(os.path.join(run, "tokenizer.spm"))
+    model, history = train_multi30k(run, epochs=2, **settings)  # resumed, with the kept tokenizer
+    assert len(history.history["loss"]) == 1
+    saved = TransformerSeq2SeqLM.from_preset(os.path.join(run, "model"))
+    kept = saved.preprocessor.tokenizer
+    assert (kept.source_language, kept.target_language) == ("eng_Latn", "fra_Latn")
+    assert presets.read_metadata(os.path.join(run, "model"))["languages"] == {"source": "en", "target": "fr"}
+    # The pairs as transformers' tokenizer frames them.
+    tokenizer.src_lang, tokenizer.tgt_lang = "eng_Latn", "fra_Latn"
+    sources, targets = ["A dog runs."], ["Un chien court."]
+    encoder_ids, decoder_ids, _ = tokenize_pairs(sources, targets, kept)
+    theirs = tokenizer(sources, text_target=targets)
+    assert [list(ids) for ids in encoder_ids] == theirs["input_ids"]
+    assert [list(ids) for ids in decoder_ids] == [[ours.special_token_ids.start, *theirs["labels"][0]]]
+    french = tokenizer.convert_tokens_to_ids("fra_Latn")
+    sources = saved.preprocessor.generate_preprocess(TEXTS[:2])
+    assert all(ids[0] == french for ids in saved.generate(_padded(sources, 1), sampler="greedy", max_length_offset=5))
