@@ -112,19 +112,3 @@ def give_back_freed_memory():
     except (OSError, AttributeError):  # not glibc
         pass
 
-
-@contextlib.contextmanager
-def one_garbage_collection():
-    """One garbage collection at the end of the block instead of every one
-    that is asked for inside it: Keras collects garbage after each variable
-    that quantization replaces (`Layer.__delattr__`), 49 full collections
-    for a 3+3-layer model and seconds in a process holding TensorFlow and a
-    backend; one collection afterwards frees the same float32 buffers
-    (`TransformerSeq2SeqLM.quantize`)."""
-    collect = gc.collect
-    gc.collect = lambda *args, **kwargs: 0
-    try:
-        yield
-    finally:
-        gc.collect = collect
-        gc.collect()

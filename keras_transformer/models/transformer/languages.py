@@ -107,7 +107,7 @@ def language_names(codes):
     codes = list(codes)
     names = {}
     for code in codes:
-        core = _core(code)
+        core = code_core(code)
         for name in {code.lower(), *(_iso_aliases(core) if core else ())}:
             try:
                 if resolve_language(name, codes) == code:
