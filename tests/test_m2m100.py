@@ -383,13 +383,16 @@ def test_fine_tuning_on_a_new_pair_frames_the_languages_as_fairseq(family, multi
     from keras_transformer.datasets import multi30k
     from keras_transformer.losses import LabelSmoothedCrossEntropy
     from keras_transformer.models import TransformerSeq2SeqLM
+    from keras_transformer.models import TransformerSeq2SeqLMPreprocessor
 
     name, directory, model, tokenizer, _ = family
     if name != "nllb":
         pytest.skip("the framing is the family's: checked once, with NLLB-200's codes")
     sources, targets = multi30k.load("train", "en", "fr", data_dir=multi30k_dir)
     sources, targets = sources[:16], targets[:16]
-    ours = TransformerSeq2SeqLM.from_preset(directory)  # (a model of its own: it is trained)
+    # (A model of its own, trained; sequences as long as the pairs need: 96 tokens.)
+    ours = TransformerSeq2SeqLM.from_preset(directory, preprocessor=TransformerSeq2SeqLMPreprocessor.from_preset(
+        directory, encoder_sequence_length=96, decoder_sequence_length=96))
     x = {"encoder_text": sources, "decoder_text": targets}
     framed = ours.preprocessor(*[_framed(ours, x)])[0:2]
     tokenizer.src_lang, tokenizer.tgt_lang = "eng_Latn", "fra_Latn"
