@@ -315,7 +315,8 @@ def test_write_out_loads_in_transformers_and_ctranslate2(family, tmp_path, capsy
 def test_saved_model_takes_the_languages_as_inputs(family, tmp_path):
     """The SavedModel of a multilingual model takes `source_language` and
     `target_language` (one for all texts or one each; "" for the model's
-    own) and translates as `generate` does; with XLA too (one family)."""
+    own) and translates as `generate` does, searched in the graph (M2M100)
+    and compiled by XLA (NLLB-200)."""
     import tensorflow as tf
 
     from keras_transformer.export import export_saved_model
@@ -327,7 +328,7 @@ def test_saved_model_takes_the_languages_as_inputs(family, tmp_path):
     mixed = [(german, french, "de", "fr")[i % 4] for i in range(len(TEXTS))]
     expected = [by_target[(german, french)[i % 2]][i] for i in range(len(TEXTS))]
     assert by_target[german] != by_target[french]
-    for jit_compile in (False, True) if name == "nllb" else (False,):
+    for jit_compile in (name == "nllb",):  # (the graph's search for one family, XLA's for the other)
         directory = export_saved_model(ours, str(tmp_path / f"saved-{jit_compile}"), jit_compile=jit_compile, **options)
         translate = tf.saved_model.load(directory).signatures["serving_default"]
 
@@ -371,6 +372,7 @@ def test_a_checkpoint_loads_within_one_and_a_half_times_its_size(tmp_path_factor
     assert row["peak"] <= 1.5, row
 
 
+@once  # (the framing is the same on every backend; fit itself is tested on each in test_seq2seq_lm.py)
 def test_fine_tuning_on_a_new_pair_frames_the_languages_as_fairseq(family, multi30k_dir, tmp_path):
     """`fit(..., source_language="en", target_language="fr")` on a few
     Multi30k en-fr pairs: the preprocessor frames them as transformers'
