@@ -20,10 +20,9 @@ Signatures:
   with the padding id, no start or end token), `lengths` (int32
   `(batch,)`) and `scores` (float32 `(batch,)`, log P / lp).
 
-A multilingual model's signatures (M2M100, NLLB-200, opus-mt with
-`>>xx<<` tokens) take `source_language` and `target_language` too, 1-D
-strings, one for all texts or one each, `""` for the model's default
-(`export_languages.py`): `signatures["serving_default"](text=...,
+An M2M100 or NLLB-200 model's signatures take `source_language` and
+`target_language` too, 1-D strings, one for all texts or one each, `""` for
+the model's default (`export_languages.py`): `signatures["serving_default"](text=...,
 source_language=tf.constant(["en"]), target_language=tf.constant(["de"]))`.
 
 The beam search here is `keras_transformer.decoding.loop.search_loop`, the

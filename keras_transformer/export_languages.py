@@ -1,17 +1,16 @@
 """The languages of a multilingual model's SavedModel (`export.py`).
 
-The SavedModel of a model with language codes (M2M100, NLLB-200,
-multilingual opus-mt) takes the languages as inputs beside `text`, each a
-1-D string tensor of one language for every text or one for each:
+The SavedModel of an M2M100 or NLLB-200 model takes the languages as
+inputs beside `text`, each a 1-D string tensor of one language for every
+text or one for each:
 
-- `source_language`: M2M100 and NLLB-200 read it as the code put before
-  each text that starts with none (`""`: the tokenizer's own, as
-  `generate`); opus-mt models read the source language from the text, and
-  take `""` only;
-- `target_language`: M2M100 and NLLB-200 force its code as the first
-  output token (`""`: the tokenizer's `target_language`, an error where it
-  has none); opus-mt models read it as the `>>xx<<` token put before each
-  text (`""`: none).
+- `source_language`: the code put before each text that starts with none
+  (`""`: the tokenizer's own, as `generate`);
+- `target_language`: the code forced as each text's first output token
+  (`""`: the tokenizer's `target_language`, an error where it has none).
+
+(A multilingual opus-mt model reads its `>>xx<<` target token in the text,
+and its SavedModel takes `text` alone, as before.)
 
 Languages are named as `generate` takes them (`resolve_language`): the
 checkpoint's codes (`deu_Latn`, `__de__`, `>>de<<`) or an ISO 639-1 /
@@ -29,10 +28,10 @@ INPUT_NAMES = ("source_language", "target_language")
 
 
 def language_inputs(model, target_prefix=None):
-    """The `LanguageInputs` of `model`'s SavedModel, or None for a model of
-    one language pair (whose signatures take `text` alone)."""
+    """The `LanguageInputs` of `model`'s SavedModel, or None for a model
+    that forces no language code (whose signatures take `text` alone)."""
     tokenizer = getattr(model.preprocessor, "tokenizer", None)
-    if not model_languages(tokenizer):
+    if not model_languages(tokenizer) or not hasattr(tokenizer, "language_id"):
         return None
     return LanguageInputs(tokenizer, model.special_token_ids.end, target_prefix)
 
@@ -48,30 +47,26 @@ class LanguageInputs(tf.Module):
     to its texts and its search (see the module docstring).
 
     Args:
-        tokenizer: the model's tokenizer (an `M2M100Tokenizer`, or a
-            `MarianTokenizer` with `>>xx<<` tokens).
+        tokenizer: the model's `M2M100Tokenizer`.
         end_id: the model's end token id (put where a blank text's forced
             code would be).
         target_prefix: the export's `target_prefix` (text or ids), forced
-            after the target code; for opus-mt models, the search forces
-            it as for a model of one pair.
+            after the target code.
     """
 
     def __init__(self, tokenizer, end_id, target_prefix=None):
         super().__init__(name="languages")
         codes = model_languages(tokenizer)
-        self.forces_code = not codes[0].startswith(">>")  # (opus-mt: the code goes in the source)
         names = language_names(codes)
         self.code_of = _table(sorted(names), [names[name] for name in sorted(names)], "")
         self.is_code = _table(codes, [1] * len(codes), 0)
         self.examples = ", ".join(codes[:4])
-        if self.forces_code:
-            self.id_of = _table(codes, [tokenizer.language_id(code) for code in codes], -1)
-            target = tokenizer.target_language
-            self.default_target = tf.constant(-1 if target is None else tokenizer.language_id(target), tf.int32)
-            # The export's prefix: the pieces after a target code.
-            self.prefix = tf.constant(with_languages(tokenizer, [], None, codes[0], target_prefix)[1][1:], tf.int32)
-            self.end_id = tf.constant(end_id, tf.int32)
+        self.id_of = _table(codes, [tokenizer.language_id(code) for code in codes], -1)
+        target = tokenizer.target_language
+        self.default_target = tf.constant(-1 if target is None else tokenizer.language_id(target), tf.int32)
+        # The export's prefix: the pieces after a target code.
+        self.prefix = tf.constant(with_languages(tokenizer, [], None, codes[0], target_prefix)[1][1:], tf.int32)
+        self.end_id = tf.constant(end_id, tf.int32)
 
     @staticmethod
     def specs():
@@ -92,21 +87,15 @@ class LanguageInputs(tf.Module):
             return tf.identity(codes)
 
     def framed(self, text, empty, source_language, target_language):
-        """`(text, prefixes)`: the texts with the code that the model reads
-        in the source put first (unless blank or starting with a code), and
-        each text's forced first tokens (int32 `(batch, 1 + prefix length)`:
-        the target code, then the export's prefix), or None for opus-mt."""
+        """`(text, prefixes)`: the texts with the source code put first
+        (unless blank or starting with a code), and each text's forced
+        first tokens (int32 `(batch, 1 + prefix length)`: the target code,
+        then the export's prefix)."""
         shape = tf.shape(text)
         source = self._codes(source_language, shape, "source_language")
         target = self._codes(target_language, shape, "target_language")
         first = tf.strings.regex_replace(text, r"(?s)^\s*(\S*).*$", r"\1")
         keep = empty | (self.is_code.lookup(first) > 0)
-        if not self.forces_code:
-            check = tf.debugging.assert_equal(
-                source == "", True, message="opus-mt models read the source language from the text: give "
-                "source_language as \"\" (and target_language).")
-            with tf.control_dependencies([check]):
-                return tf.where(keep | (target == ""), text, tf.strings.join([target, text], " ")), None
         text = tf.where(keep | (source == ""), text, tf.strings.join([source, text], " "))
         ids = tf.where(target == "", self.default_target, self.id_of.lookup(target))
         check = tf.debugging.assert_equal(

@@ -6,9 +6,10 @@ saves it.
 The beam search here is `keras_transformer.decoding.loop.search_loop`, the
 search that `generate` runs for a few sentences at a time on JAX and
 TensorFlow, compiled by XLA with `jit_compile` as `generate` compiles it
-on TensorFlow (a few sources at a time, sorted by length). A multilingual
-model's signatures take its languages (`export_languages.py`): each text's
-target code is forced first in the search (`search_loop`'s `prefixes`).
+on TensorFlow (a few sources at a time, sorted by length). An M2M100 or
+NLLB-200 model's signatures take its languages (`export_languages.py`):
+each text's target code is forced first in the search (`search_loop`'s
+`prefixes`).
 """
 
 import tensorflow as tf
@@ -28,7 +29,7 @@ from keras_transformer.utils.text import BLANK_PATTERN
 
 def write_saved_model(model, path, settings, target_prefix=None, jit_compile=False, ensemble=False):
     languages = language_inputs(model, target_prefix)
-    if languages is not None and languages.forces_code:  # (each text's target code, then the prefix)
+    if languages is not None:  # (each text's target code forced first, then the prefix)
         settings = settings.replace(target_prefix=())
     elif target_prefix is not None:
         settings = settings.replace(target_prefix=model.target_prefix_ids(target_prefix))
