@@ -3,6 +3,7 @@
     keras-transformer translate "A man is riding a bicycle."
     keras-transformer translate --preset transformer_multi30k_de_en < input.de > output.en
     keras-transformer presets
+    keras-transformer presets nllb-200-600M --languages
     keras-transformer export --preset transformer_multi30k_en_de exported/en-de
     keras-transformer train --source en --target de --output-dir runs/en-de
     keras-transformer evaluate runs/en-de/model --split test_2016_flickr
@@ -15,7 +16,6 @@ Run `keras-transformer COMMAND --help` for the options of each command.
 import argparse
 import contextlib
 import difflib
-import json
 import os
 import signal
 import sys
@@ -23,6 +23,7 @@ import warnings
 
 from keras_transformer import cli_formats
 from keras_transformer import cli_io
+from keras_transformer import cli_presets
 from keras_transformer.cli_decoding import add_decoding_options
 from keras_transformer.cli_decoding import add_document_options
 from keras_transformer.cli_decoding import decoding_options
@@ -294,36 +295,6 @@ def _translate(args):
     cli_io.write_lines(translations, args.output, ends=not (args.document and not args.text))  # whole or not at all
 
 
-def _add_presets(subparsers):
-    p = subparsers.add_parser("presets", help="List the presets shipped with the package.")
-    p.add_argument("--json", action="store_true", help="print the full metadata as JSON")
-
-
-def _presets(args):
-    from keras_transformer import presets
-
-    shipped = presets.list_presets()
-    if args.json:
-        print(json.dumps(shipped, indent=2, ensure_ascii=False))
-        return
-    if not shipped:
-        print("No presets are installed.")
-        return
-    for name, info in shipped.items():
-        params = info.get("parameter_count")
-        params = f"{params / 1e6:.1f}M parameters" if params else "parameters unknown"
-        print(f"{name}  ({params}, {info['size_bytes'] / 2**20:.1f} MiB)")
-        if info.get("description"):
-            print(f"    {info['description']}")
-        decoding = info.get("decoding", {})
-        for split, score in info.get("scores", {}).items():
-            print(
-                f"    {split}: BLEU {score['bleu']:.1f}, lowercased {score['bleu_lowercase']:.1f}, "
-                f"chrF {score['chrf']:.1f} (beam {decoding.get('beam_size', '?')}, "
-                f"alpha {decoding.get('alpha', '?')})"
-            )
-
-
 def _add_serve(subparsers):
     from keras_transformer.serving import command
 
@@ -350,13 +321,13 @@ def main(argv=None):
     _add_evaluate(subparsers)
     _add_attention(subparsers)
     _add_translate(subparsers)
-    _add_presets(subparsers)
+    cli_presets.add_presets(subparsers)
     _add_serve(subparsers)
     format_commands = cli_formats.add_commands(subparsers)
     args = parser.parse_args(argv)
     commands = {
         "train": _train, "evaluate": _evaluate, "attention": _attention,
-        "translate": _translate, "presets": _presets, "serve": _serve, **format_commands,
+        "translate": _translate, "presets": cli_presets.presets_command, "serve": _serve, **format_commands,
     }
     try:
         commands[args.command](args)

@@ -1,13 +1,16 @@
 """The command line's commands that write a model out in another format or
 place: `export` (a TensorFlow SavedModel), `convert` (a Marian, M2M100 or
-NLLB-200 checkpoint to a preset), `export-marian` (a preset to a Marian
-checkpoint) and `upload` (a preset to Kaggle or the Hugging Face hub).
+NLLB-200 checkpoint to a preset), `export-transformers` (a preset to a
+transformers checkpoint: `m2m_100` for M2M100 and NLLB-200 models, Marian
+for the others; `export-marian` is its former name) and `upload` (a preset
+to Kaggle or the Hugging Face hub).
 
     keras-transformer export --preset transformer_multi30k_en_de exported/en-de
     keras-transformer export --quantize int8 exported/en-de-int8
     keras-transformer convert hf://Helsinki-NLP/opus-mt-en-de opus-mt-en-de
     keras-transformer convert hf://facebook/nllb-200-distilled-600M nllb-200-600M
-    keras-transformer export-marian transformer_multi30k_en_de marian/en-de
+    keras-transformer export-transformers marian/en-de --preset transformer_multi30k_en_de
+    keras-transformer export-transformers nllb-en-fr --preset nllb-200-600M-en-fr
     keras-transformer upload --preset my-en-de hf://OWNER/my-en-de
 """
 
@@ -20,9 +23,10 @@ def add_commands(subparsers):
     """Adds the commands to `subparsers`; returns their functions by name."""
     _add_export(subparsers)
     _add_convert(subparsers)
-    _add_export_marian(subparsers)
+    _add_export_transformers(subparsers)
     _add_upload(subparsers)
-    return {"export": _export, "convert": _convert, "export-marian": _export_marian, "upload": _upload}
+    return {"export": _export, "convert": _convert, "export-transformers": _export_transformers,
+            "export-marian": _export_transformers, "upload": _upload}
 
 
 def add_precision(p):
@@ -111,10 +115,14 @@ def _convert(args):
     print(f"Wrote the preset to {args.output_dir}")
 
 
-def _add_export_marian(subparsers):
+def _add_export_transformers(subparsers):
     p = subparsers.add_parser(
-        "export-marian",
-        help="Write a preset as a transformers Marian directory (for transformers and CTranslate2).",
+        "export-transformers", aliases=["export-marian"],
+        help="Write a preset as a transformers checkpoint directory (for transformers and CTranslate2).",
+        description="Write a preset as transformers saves models: an m2m_100 directory for M2M100 and "
+        "NLLB-200 models, a Marian one for the others; transformers (AutoModelForSeq2SeqLM, "
+        "AutoTokenizer) loads it and ct2-transformers-converter converts it. (export-marian is the "
+        "command's former name.)",
     )
     p.add_argument("output_dir", help="the directory to write (must be empty or absent)")
     p.add_argument("--preset", default=DEFAULT_PRESET,
@@ -122,11 +130,11 @@ def _add_export_marian(subparsers):
     p.add_argument("--overwrite", action="store_true", help="replace the files of an earlier export")
 
 
-def _export_marian(args):
-    from keras_transformer.convert import export_marian
+def _export_transformers(args):
+    from keras_transformer.convert import export_transformers
 
-    path = export_marian(args.preset, args.output_dir, overwrite=args.overwrite)
-    print(f"Wrote the Marian model to {path}")
+    path, model_type = export_transformers(args.preset, args.output_dir, overwrite=args.overwrite)
+    print(f"Wrote the {'Marian' if model_type == 'marian' else model_type} model to {path}")
 
 
 def _add_upload(subparsers):

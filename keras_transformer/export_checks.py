@@ -23,11 +23,12 @@ def check_export(model, settings, dtype, quantize, ensemble):
 
 def _check_exportable(model):
     """A clear error for a model the export cannot hold."""
+    from keras_transformer.models import M2M100Tokenizer
     from keras_transformer.models import MarianTokenizer
     from keras_transformer.models import TransformerSeq2SeqLM
     from keras_transformer.models import TransformerTokenizer
 
-    exportable_classes = (TransformerTokenizer, MarianTokenizer)
+    exportable_classes = (TransformerTokenizer, MarianTokenizer, M2M100Tokenizer)
     if isinstance(model, TransformerSeq2SeqLM):
         if model.preprocessor is None:
             raise ValueError("Export needs a model with a preprocessor (its tokenizer).")
@@ -35,9 +36,10 @@ def _check_exportable(model):
         tokenizer = type(model.preprocessor.tokenizer).__name__
     else:
         from keras_transformer import presets
+        from keras_transformer.convert import is_m2m100
         from keras_transformer.convert import is_marian
 
-        if is_marian(model):
+        if is_marian(model) or is_m2m100(model):
             return
         presets.check(model, ("config", "tokenizer"))
         tokenizer = presets.read_preset_file(model, presets.TOKENIZER_FILE).get("class_name")
@@ -46,7 +48,7 @@ def _check_exportable(model):
         raise ValueError(
             f"The model's tokenizer is a {tokenizer}; the SavedModel tokenizes with "
             "tensorflow-text's SentencePiece, so only models with a TransformerTokenizer "
-            "(BPE or unigram, the default) or a MarianTokenizer export."
+            "(BPE or unigram, the default), a MarianTokenizer or an M2M100Tokenizer export."
         )
 
 

@@ -101,6 +101,14 @@ class TrainConfig:
         None, "start from this preset (name or directory) instead of from scratch: fine-tune it, or train it "
         "longer; keeps its architecture and vocabulary", flag="--from-preset", metavar="PRESET",
     )
+    source_language: str = setting(
+        None, "with --from-preset of a multilingual model (M2M100, NLLB-200): the sources' language code as the "
+        "model names it (eng_Latn, __en__; default: the model's code for --source)", fixed=True, metavar="CODE",
+    )
+    target_language: str = setting(
+        None, "with --from-preset of a multilingual model: the targets' language code (default: the model's code "
+        "for --target); the trained model translates into it by default", fixed=True, metavar="CODE",
+    )
     initial_step: int = setting(
         None, "the learning-rate schedule's first step (default: 0, or with --from-preset the steps the preset "
         "was trained for)", fixed=True, type=int,

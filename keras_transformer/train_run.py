@@ -28,6 +28,8 @@ from keras_transformer.train_config import fixed_setting_names
 from keras_transformer.utils.files import written_atomically
 
 TOKENIZER_FILE = "tokenizer.spm"
+# Where a run keeps a tokenizer that is not a SentencePiece model of its own.
+TOKENIZER_DIR = "tokenizer"
 
 
 def read_run(output_dir):
@@ -108,6 +110,11 @@ def check_arguments(config, scratch_backbone):
     """Refuses settings that would fail later, before the run writes
     anything: each setting in its range, and heads that divide d_model."""
     config.check()
+    if not config.initial_preset and (config.source_language or config.target_language):
+        raise ValueError(
+            "source_language and target_language (--source-language, --target-language) are for runs from a "
+            "preset of a multilingual model (--from-preset); a run from scratch translates --source to --target."
+        )
     if scratch_backbone is not None:
         check_heads(scratch_backbone["d_model"], scratch_backbone["num_heads"], scratch_backbone.get("key_dim"))
 
@@ -160,7 +167,7 @@ def run_tokenizer(config, output_dir, previous_run, data, save):
     initial_training = None
     if config.initial_preset:
         tokenizer, preset_step, initial_training = _initial_preset(
-            config.initial_preset, output_dir, previous_run, config.source, config.target, save=save
+            config.initial_preset, output_dir, previous_run, config, save=save
         )
         if config.initial_step is None and preset_step is None:
             warnings.warn(
@@ -183,6 +190,61 @@ def run_tokenizer(config, output_dir, previous_run, data, save):
     return tokenizer, initial_training
 
 
+def pair_languages(tokenizer, config):
+    """Sets a multilingual preset's tokenizer (M2M100, NLLB-200) to frame
+    the run's pairs with their codes (`source_language` and
+    `target_language`, else the model's codes for `source` and `target`):
+    sources `[source code] text </s>`, targets `[target code] text </s>`,
+    as the checkpoint was trained, and the saved model translates the pair
+    by default. Languages for another model are refused."""
+    from keras_transformer.models.transformer.languages import model_languages
+    from keras_transformer.models.transformer.languages import resolve_language
+
+    codes = model_languages(tokenizer)
+    if not codes or not hasattr(tokenizer, "language_id"):
+        given = [f"{name}={value!r}" for name, value in
+                 (("source_language", config.source_language), ("target_language", config.target_language)) if value]
+        if given:
+            raise ValueError(
+                f"{', '.join(given)}: the languages of a run are for presets of multilingual models (M2M100, "
+                "NLLB-200, converted with `keras-transformer convert`); this run's model has none."
+            )
+        return
+    tokenizer.source_language = resolve_language(config.source_language or config.source, codes, "source_language")
+    tokenizer.target_language = resolve_language(config.target_language or config.target, codes, "target_language")
+
+
+def save_run_tokenizer(tokenizer, output_dir):
+    """Keeps the run's tokenizer in `output_dir`, as `load_run_tokenizer`
+    reads it: a SentencePiece model (`tokenizer.spm`), or another
+    tokenizer's config and files (`tokenizer/`: an imported model's)."""
+    if isinstance(tokenizer, TransformerTokenizer):
+        with written_atomically(os.path.join(output_dir, TOKENIZER_FILE)) as partial, open(partial, "wb") as f:
+            f.write(tokenizer.proto)
+        return
+    directory = os.path.join(output_dir, TOKENIZER_DIR)
+    shutil.rmtree(directory, ignore_errors=True)  # (left by a start that failed)
+    with written_atomically(directory) as partial:
+        os.makedirs(partial)
+        tokenizer.save_assets(partial)
+        with open(os.path.join(partial, CONFIG_FILE), "w", encoding="utf-8") as f:
+            json.dump(keras.saving.serialize_keras_object(tokenizer), f)
+
+
+def load_run_tokenizer(output_dir):
+    """The tokenizer that `save_run_tokenizer` kept in `output_dir`, or
+    None if it kept none."""
+    if os.path.exists(os.path.join(output_dir, TOKENIZER_FILE)):
+        return TransformerTokenizer(proto=os.path.join(output_dir, TOKENIZER_FILE))
+    directory = os.path.join(output_dir, TOKENIZER_DIR)
+    if not os.path.isdir(directory):
+        return None
+    with open(os.path.join(directory, CONFIG_FILE), encoding="utf-8") as f:
+        tokenizer = keras.saving.deserialize_keras_object(json.load(f))
+    tokenizer.load_assets(directory)
+    return tokenizer
+
+
 def load_or_train_tokenizer(output_dir, run, texts, vocabulary_size, algorithm, save=True):
     """Loads the tokenizer of the run that started in `output_dir` (its
     run.json: `run`), or trains (and with `save`, saves) it on the first
@@ -202,7 +264,7 @@ def load_or_train_tokenizer(output_dir, run, texts, vocabulary_size, algorithm, 
     return tokenizer
 
 
-def _initial_preset(preset, output_dir, run, source, target, save=True):
+def _initial_preset(preset, output_dir, run, config, save=True):
     """The tokenizer, training step and training record of a preset that a
     run starts from (`run`: the run.json of the run in `output_dir`, empty
     for a new run).
@@ -215,13 +277,15 @@ def _initial_preset(preset, output_dir, run, source, target, save=True):
     record is the preset's metadata `training` block, kept in the run's
     `run.json` (as `initial_training`) to describe the whole training later.
     """
-    path = os.path.join(output_dir, TOKENIZER_FILE)
-    if os.path.exists(path) and run:
+    kept = load_run_tokenizer(output_dir) if run else None
+    if kept is not None:
         # A run that started before: its own vocabulary, first step and
         # record, even if the preset has changed since (a newer version of a
         # shipped one).
-        return TransformerTokenizer(proto=path), int(run.get("initial_step") or 0), run.get("initial_training")
+        return kept, int(run.get("initial_step") or 0), run.get("initial_training")
     tokenizer = TransformerTokenizer.from_preset(preset)
+    pair_languages(tokenizer, config)
+    source, target = config.source, config.target
     metadata = preset_metadata(preset)
     languages = metadata.get("languages", {})
     if languages and (languages.get("source"), languages.get("target")) != (source, target):
@@ -234,8 +298,7 @@ def _initial_preset(preset, output_dir, run, source, target, save=True):
     training = metadata.get("training") or None
     steps = preset_steps(preset, training or {})
     if save:  # after the checks that may refuse the preset: nothing left behind
-        with written_atomically(path) as partial, open(partial, "wb") as f:
-            f.write(tokenizer.proto)
+        save_run_tokenizer(tokenizer, output_dir)
     return tokenizer, steps, training
 
 

@@ -131,3 +131,27 @@ def _calibrate_end(model, tokenizer, eos, max_new_tokens=20):
             return
         low, high = (middle, high) if ended <= 1 else (low, middle)
     raise RuntimeError("Could not calibrate the tiny model's end token.")
+
+
+def save_sized(directory, tokenizer_directory, **config):
+    """Writes a random `m2m_100` checkpoint of the shape `config` gives
+    (transformers' `M2M100Config` fields: `d_model`, `encoder_layers`,
+    `vocab_size`...) into `directory`, with the tokenizer files of the
+    checkpoint in `tokenizer_directory` (`save_tiny`'s); returns
+    `directory`. Its weights are transformers' own random ones: for sizes
+    (memory, speed), not translations."""
+    import torch
+    from transformers import M2M100Config
+    from transformers import M2M100ForConditionalGeneration
+
+    with open(os.path.join(tokenizer_directory, "config.json"), encoding="utf-8") as f:
+        tiny = json.load(f)
+    kept = ("pad_token_id", "bos_token_id", "eos_token_id", "decoder_start_token_id", "scale_embedding")
+    config = {**{key: tiny[key] for key in kept}, "max_position_embeddings": 256, **config}
+    torch.manual_seed(0)
+    model = M2M100ForConditionalGeneration(M2M100Config(**config)).eval()
+    model.save_pretrained(directory)
+    for name in os.listdir(tokenizer_directory):
+        if name not in ("config.json", "generation_config.json", "model.safetensors"):
+            shutil.copy(os.path.join(tokenizer_directory, name), os.path.join(directory, name))
+    return directory

@@ -65,7 +65,7 @@ def test_every_writer_refuses_a_directory_another_process_writes(tiny, held, cap
     commands = [
         ["train", "--output-dir", str(directory), "--epochs", "1"],
         ["export", "--preset", preset, "--overwrite", str(directory)],
-        ["export-marian", "--preset", preset, "--overwrite", str(directory)],
+        ["export-transformers", "--preset", preset, "--overwrite", str(directory)],
         ["convert", marian, "--overwrite", str(directory)],
     ]
     for command in commands:

@@ -35,8 +35,11 @@ def family(request, tmp_path_factory):
 
 
 def _hf_generate(model, ids, forced, **kwargs):
+    """transformers' output ids (the forced target code first; without
+    `forced`, generation_config.json's)."""
+    forcing = {} if forced is None else {"forced_bos_token_id": forced}
     with torch.no_grad():
-        out = model.generate(torch.tensor([ids]), forced_bos_token_id=forced, do_sample=False, **kwargs)[0].tolist()
+        out = model.generate(torch.tensor([ids]), do_sample=False, **forcing, **kwargs)[0].tolist()
     out = out[1:]
     return out[: out.index(model.config.eos_token_id)] if model.config.eos_token_id in out else out
 
@@ -61,6 +64,28 @@ def test_tokenization_matches_transformers(family):
 
 def test_logits_match_transformers_on_padded_batches(family):
     _, _, model, tokenizer, ours = family
+    assert _logits_difference(model, tokenizer, ours) < 1e-4
+
+
+def test_loads_in_bfloat16(family):
+    """`from_preset(..., dtype="bfloat16")`: bfloat16 weights (assigned a
+    block of rows at a time, cast on the way), logits near float32's."""
+    _, directory, model, tokenizer, ours = family
+    from keras_transformer.models import TransformerSeq2SeqLM
+
+    half = TransformerSeq2SeqLM.from_preset(directory, dtype="bfloat16")
+    embeddings = half.backbone.token_embedding.embeddings
+    assert keras.backend.standardize_dtype(embeddings.dtype) == "bfloat16"
+    expected = keras.ops.convert_to_numpy(ours.backbone.token_embedding.embeddings)
+    np.testing.assert_allclose(keras.ops.convert_to_numpy(keras.ops.cast(embeddings, "float32")), expected, rtol=1e-2,
+                               atol=1e-6)
+    assert _logits_difference(model, tokenizer, half) < 0.05 * _logits_difference(model, tokenizer, None)
+
+
+def _logits_difference(model, tokenizer, ours):
+    """The largest difference between transformers' `model`'s logits and
+    `ours`' on a padded batch of `TEXTS` (teacher forcing); without
+    `ours`, transformers' largest logit."""
     targets = [text[::-1] for text in TEXTS]
     batch = tokenizer(TEXTS, text_target=targets, padding=True, return_tensors="np")
     pad, start = model.config.pad_token_id, model.config.decoder_start_token_id
@@ -73,7 +98,6 @@ def test_logits_match_transformers_on_padded_batches(family):
         "decoder_token_ids": decoder_ids,
         "decoder_padding_mask": decoder_mask,
     }
-    logits = keras.ops.convert_to_numpy(ours(inputs))
     with torch.no_grad():
         expected = model(
             input_ids=torch.tensor(inputs["encoder_token_ids"]).long(),
@@ -82,8 +106,11 @@ def test_logits_match_transformers_on_padded_batches(family):
             decoder_attention_mask=torch.tensor(decoder_mask),
         ).logits.numpy()
     real = decoder_mask.astype(bool)
-    assert np.abs(logits - expected)[real].max() < 1e-4
     assert np.abs(expected[real]).max() > 1.0  # not trivially small
+    if ours is None:  # (the logits' scale)
+        return np.abs(expected[real]).max()
+    logits = keras.ops.convert_to_numpy(keras.ops.cast(ours(inputs), "float32"))
+    return np.abs(logits - expected)[real].max()
 
 
 def _padded(sources, pad):
@@ -157,7 +184,7 @@ def test_one_pair_models_refuse_languages():
 
 
 @once  # (the tokenizer, languages, files and errors: the same on every backend)
-def test_convert_writes_a_preset_with_languages_and_licence(family, tmp_path):
+def test_convert_writes_a_preset_with_languages_and_licence(family, tmp_path, capsys):
     from keras_transformer import presets
     from keras_transformer.cli import main
     from keras_transformer.models import M2M100Tokenizer
@@ -169,6 +196,18 @@ def test_convert_writes_a_preset_with_languages_and_licence(family, tmp_path):
     metadata = presets.read_metadata(preset)
     assert metadata["license"] == ("CC-BY-NC-4.0" if name == "nllb" else "MIT")
     assert metadata["language_codes"] == ours.languages
+    # `presets` names the languages (and the licence) of a converted preset, and of a checkpoint.
+    capsys.readouterr()
+    count = len(ours.languages)
+    for described in (preset, directory):
+        main(["presets", described])
+        out = capsys.readouterr().out
+        assert f"languages: {count}, any to any ({', '.join(ours.languages[:6])}" in out, out
+        assert f"license: {metadata['license']}" in out
+    main(["presets", preset, "--languages"])
+    assert " ".join(ours.languages[-3:]) in capsys.readouterr().out
+    main(["presets"])
+    assert "languages: en to de" in capsys.readouterr().out  # the shipped presets' pair
     converted = TransformerSeq2SeqLM.from_preset(preset)
     assert isinstance(converted.preprocessor.tokenizer, M2M100Tokenizer)
     assert converted.languages == ours.languages
@@ -208,3 +247,230 @@ def test_unsupported_variants_are_refused(family, tmp_path):
     os.remove(tmp_path / "deep" / "sentencepiece.bpe.model")
     with pytest.raises(PresetError, match="has no sentencepiece.bpe.model"):
         TransformerSeq2SeqLM.from_preset(_variant(str(tmp_path / "deep"), tmp_path, "no-spm", decoder_layers=2))
+
+
+def _ctranslate2_greedy(directory, tokenizer, sources, target, offset, tmp_path):
+    """CTranslate2's greedy outputs (ids, the target code first) of the
+    transformers directory `directory`, converted by its own converter."""
+    ctranslate2 = pytest.importorskip("ctranslate2")
+    converted = str(tmp_path / "ct2")
+    if not os.path.isdir(converted):
+        ctranslate2.converters.TransformersConverter(directory).convert(converted)
+    translator = ctranslate2.Translator(converted, device="cpu")
+    return [
+        tokenizer.convert_tokens_to_ids(translator.translate_batch(
+            [tokenizer.convert_ids_to_tokens(ids)], target_prefix=[[target]], beam_size=1,
+            max_decoding_length=len(ids) + offset)[0].hypotheses[0])
+        for ids in sources
+    ]
+
+
+@once  # (a write-out reads the weights as numbers, the same on every backend)
+def test_write_out_loads_in_transformers_and_ctranslate2(family, tmp_path, capsys):
+    """`export-transformers` writes an m2m_100 directory: transformers'
+    model and tokenizer load it (the tokenizer class of the family, the same
+    ids; logits within 1e-4; greedy outputs with the default target language
+    of generation_config.json), CTranslate2 converts it and translates as
+    this package for two target languages, and this package reads it back."""
+    from keras_transformer.cli import main
+    from keras_transformer.convert import export_m2m100
+    from keras_transformer.models import TransformerBackbone
+    from keras_transformer.models import TransformerSeq2SeqLM
+
+    name, directory, _, _, ours = family
+    out = str(tmp_path / "exported")
+    main(["export-transformers", "--preset", directory, out])
+    assert capsys.readouterr().out.strip() == f"Wrote the m2m_100 model to {out}"
+    model = transformers.AutoModelForSeq2SeqLM.from_pretrained(out).eval()
+    tokenizer = transformers.AutoTokenizer.from_pretrained(out)
+    assert type(model).__name__ == "M2M100ForConditionalGeneration"
+    assert type(tokenizer).__name__.startswith({"m2m100": "M2M100Tokenizer", "nllb": "NllbTokenizer"}[name])
+    sources = ours.preprocessor.generate_preprocess(TEXTS)
+    assert [tokenizer(text).input_ids for text in TEXTS] == sources
+    assert _logits_difference(model, tokenizer, ours) < 1e-4
+    offset, pad = 15, model.config.pad_token_id
+    # generation_config.json: decoding from </s>, the tokenizer's target language forced first.
+    expected = ours.generate(_padded(sources, pad), sampler="greedy", max_length_offset=offset)
+    assert [_hf_generate(model, ids, None, num_beams=1, max_new_tokens=len(ids) + offset) for ids in sources] == expected
+    outputs = []
+    for target in TARGETS[name]:
+        expected = ours.generate(_padded(sources, pad), sampler="greedy", max_length_offset=offset, target_language=target)
+        assert _ctranslate2_greedy(out, tokenizer, sources, target, offset, tmp_path) == expected, target
+        outputs += expected
+    assert len({tuple(ids) for ids in outputs}) >= 4, outputs  # not one output for all
+    again = TransformerSeq2SeqLM.from_preset(out)
+    assert again.languages == ours.languages
+    for mine, theirs in zip(ours.backbone.weights, again.backbone.weights):
+        np.testing.assert_array_equal(keras.ops.convert_to_numpy(theirs), keras.ops.convert_to_numpy(mine))
+    assert again.generate(TEXTS, sampler="greedy", target_language="fr") == ours.generate(
+        TEXTS, sampler="greedy", target_language="fr")
+    # What m2m_100 cannot hold is refused before anything is written.
+    post_norm = TransformerBackbone.from_config({**ours.backbone.get_config(), "normalize_first": False})
+    with pytest.raises(PresetError, match="m2m_100 cannot hold this model: it has post-norm layers"):
+        export_m2m100(TransformerSeq2SeqLM(post_norm, ours.preprocessor), tmp_path / "post-norm")
+    assert not (tmp_path / "post-norm").exists()
+
+
+@pytest.mark.skipif(keras.config.backend() != "tensorflow", reason="the SavedModel export runs in TensorFlow")
+def test_saved_model_takes_the_languages_as_inputs(family, tmp_path):
+    """The SavedModel of a multilingual model takes `source_language` and
+    `target_language` (one for all texts or one each; "" for the model's
+    own) and translates as `generate` does, searched in the graph (M2M100)
+    and compiled by XLA (NLLB-200)."""
+    import tensorflow as tf
+
+    from keras_transformer.export import export_saved_model
+
+    name, _, _, _, ours = family
+    german, french = TARGETS[name]
+    options = dict(beam_size=2, max_length_offset=10)
+    by_target = {target: ours.generate(TEXTS, **options, target_language=target) for target in (german, french)}
+    mixed = [(german, french, "de", "fr")[i % 4] for i in range(len(TEXTS))]
+    expected = [by_target[(german, french)[i % 2]][i] for i in range(len(TEXTS))]
+    assert by_target[german] != by_target[french]
+    for jit_compile in (name == "nllb",):  # (the graph's search for one family, XLA's for the other)
+        directory = export_saved_model(ours, str(tmp_path / f"saved-{jit_compile}"), jit_compile=jit_compile, **options)
+        translate = tf.saved_model.load(directory).signatures["serving_default"]
+
+        def strings(target, source=""):
+            outputs = translate(text=tf.constant(TEXTS), source_language=tf.constant([source]),
+                                target_language=tf.constant(target))["translations"].numpy()
+            return [output.decode("utf-8") for output in outputs]
+
+        assert strings(mixed) == expected
+        assert strings(["FR"], source="eng") == by_target[french]
+        assert strings([""]) == by_target[german]  # the tokenizer's target language (tgt_lang)
+        with pytest.raises(tf.errors.InvalidArgumentError, match="does not know a target_language given"):
+            strings(["klingon"])
+
+
+@once  # (the loader streams the same on every backend; benchmarks/load_memory.py measures each)
+def test_a_checkpoint_loads_within_one_and_a_half_times_its_size(tmp_path_factory):
+    """`from_preset` of a 231 MiB checkpoint that transformers builds
+    (d_model 512, 6+6 layers, 32,000 tokens) peaks at most 1.5x its
+    float32 size above the memory before it (the high-water mark of a
+    process of its own, `benchmarks/load_memory.py`):
+    the tensors are read one at a time, the embeddings a block of rows at
+    a time (reading the whole file first and converting it peaked at
+    3.1x)."""
+    import subprocess
+    import sys
+
+    from conftest import ROOT
+    from m2m100_fixture import save_sized
+
+    root = tmp_path_factory.mktemp("memory")
+    tiny = save_tiny(str(root / "tiny"), "m2m100")
+    directory = save_sized(str(root / "sized"), tiny, d_model=512, encoder_layers=6, decoder_layers=6,
+                           encoder_attention_heads=8, decoder_attention_heads=8, encoder_ffn_dim=2048,
+                           decoder_ffn_dim=2048, vocab_size=32000)
+    result = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "load_memory.py"), "--probe", directory,
+                             tiny], capture_output=True, text=True, env={**os.environ, "KERAS_BACKEND": "torch"})
+    assert result.returncode == 0, result.stderr[-3000:]
+    row = json.loads(result.stdout.strip().splitlines()[-1])
+    assert row["float32_bytes"] > 200 * 2**20
+    assert row["peak"] <= 1.5, row
+
+
+@once  # (the framing is the same on every backend; fit itself is tested on each in test_seq2seq_lm.py)
+def test_fine_tuning_on_a_new_pair_frames_the_languages_as_fairseq(family, multi30k_dir, tmp_path):
+    """`fit(..., source_language="en", target_language="fr")` on a few
+    Multi30k en-fr pairs: the preprocessor frames them as transformers'
+    tokenizer does (sources `[eng_Latn] text </s>`, labels `[fra_Latn]
+    text </s>`, decoder inputs `</s> [fra_Latn] text`), so that the loss
+    equals transformers' own on the same pairs; the loss drops, generate
+    still forces the target code, and the fine-tuned model writes out as
+    an m2m_100 directory that transformers reads with the same logits."""
+    from keras_transformer.convert import export_m2m100
+    from keras_transformer.datasets import multi30k
+    from keras_transformer.losses import LabelSmoothedCrossEntropy
+    from keras_transformer.models import TransformerSeq2SeqLM
+    from keras_transformer.models import TransformerSeq2SeqLMPreprocessor
+
+    name, directory, model, tokenizer, _ = family
+    if name != "nllb":
+        pytest.skip("the framing is the family's: checked once, with NLLB-200's codes")
+    sources, targets = multi30k.load("train", "en", "fr", data_dir=multi30k_dir)
+    sources, targets = sources[:16], targets[:16]
+    # (A model of its own, trained; sequences as long as the pairs need: 96 tokens.)
+    ours = TransformerSeq2SeqLM.from_preset(directory, preprocessor=TransformerSeq2SeqLMPreprocessor.from_preset(
+        directory, encoder_sequence_length=96, decoder_sequence_length=96))
+    x = {"encoder_text": sources, "decoder_text": targets}
+    framed = ours.preprocessor(*[_framed(ours, x)])[0:2]
+    tokenizer.src_lang, tokenizer.tgt_lang = "eng_Latn", "fra_Latn"
+    theirs = tokenizer(sources, text_target=targets)
+    special = ours.special_token_ids
+    for row, (ids, labels) in enumerate(zip(theirs["input_ids"], theirs["labels"])):
+        ids_ours = keras.ops.convert_to_numpy(framed[0]["encoder_token_ids"][row]).tolist()
+        labels_ours = keras.ops.convert_to_numpy(framed[1][row]).tolist()
+        assert ids_ours[: len(ids)] == ids and labels_ours[: len(labels)] == labels
+        decoder = keras.ops.convert_to_numpy(framed[0]["decoder_token_ids"][row]).tolist()
+        assert decoder[: len(labels)] == [special.start, *labels[:-1]]
+    # The loss without label smoothing is transformers' (their decoder inputs from the labels).
+    ours.compile(optimizer=keras.optimizers.Adam(3e-3), loss=LabelSmoothedCrossEntropy(0.0, ignore_class=special.pad))
+    before = ours.evaluate(x, batch_size=16, source_language="en", target_language="fr", verbose=0, return_dict=True)
+    batch = tokenizer(sources, text_target=targets, padding=True, return_tensors="pt")
+    batch["labels"][batch["labels"] == special.pad] = -100  # (as transformers' DataCollatorForSeq2Seq)
+    with torch.no_grad():
+        expected = model(**batch).loss.item()
+    assert before["loss"] == pytest.approx(expected, rel=1e-4)
+    history = ours.fit(x, batch_size=8, epochs=8, source_language="en", target_language="fr", verbose=0)
+    losses = history.history["loss"]
+    assert losses[-1] < 0.8 * losses[0], losses
+    french = tokenizer.convert_tokens_to_ids("fra_Latn")
+    outputs = ours.generate(_padded(ours.preprocessor.generate_preprocess(sources[:4]), special.pad),
+                            sampler="greedy", source_language="en", target_language="fr", max_length_offset=10)
+    assert all(ids[0] == french for ids in outputs)
+    exported = transformers.AutoModelForSeq2SeqLM.from_pretrained(export_m2m100(ours, tmp_path / "tuned")).eval()
+    assert _logits_difference(exported, tokenizer, ours) < 1e-4
+
+
+def _framed(model, x):
+    from keras_transformer.models.transformer.languages import with_pair_languages
+
+    return with_pair_languages(model.preprocessor.tokenizer, x, "en", "fr")
+
+
+@once  # (the run's framing and files; fit's framing is checked on every backend above)
+def test_a_training_run_from_a_multilingual_preset_learns_the_pair(family, multi30k_dir, tmp_path, capsys):
+    """`train --from-preset PRESET --source en --target fr` (or
+    `--source-language` / `--target-language` as the model names them):
+    the run's batches are framed with the codes, the run keeps the
+    imported tokenizer to resume with, and the saved model translates
+    into the target language by default."""
+    from keras_transformer import presets
+    from keras_transformer.cli import main
+    from keras_transformer.data.batching import tokenize_pairs
+    from keras_transformer.models import TransformerSeq2SeqLM
+    from keras_transformer.training import train_multi30k
+
+    name, directory, _, tokenizer, ours = family
+    if name != "nllb":
+        pytest.skip("the run's framing is the family's: checked once, with NLLB-200's codes")
+    preset, run = str(tmp_path / "preset"), str(tmp_path / "run")
+    main(["convert", directory, preset])
+    with pytest.raises(SystemExit, match="does not know the source_language 'klingon'"):
+        main(["train", "--output-dir", run, "--from-preset", preset, "--source-language", "klingon", "--data-dir",
+              multi30k_dir, "--target", "fr", "--limit", "8"])
+    assert not os.path.exists(run)  # (a failed start leaves nothing)
+    settings = dict(data_dir=multi30k_dir, initial_preset=preset, source="en", target="fr", target_language="fra_Latn",
+                    limit=32, validation_limit=16, bleu_sentences=0, max_tokens=512, warmup_steps=10, initial_step=0,
+                    verbose=0)
+    model, history = train_multi30k(run, epochs=1, **settings)
+    assert os.path.isdir(os.path.join(run, "tokenizer")) and not os.path.exists(os.path.join(run, "tokenizer.spm"))
+    model, history = train_multi30k(run, epochs=2, **settings)  # resumed, with the kept tokenizer
+    assert len(history.history["loss"]) == 1
+    saved = TransformerSeq2SeqLM.from_preset(os.path.join(run, "model"))
+    kept = saved.preprocessor.tokenizer
+    assert (kept.source_language, kept.target_language) == ("eng_Latn", "fra_Latn")
+    assert presets.read_metadata(os.path.join(run, "model"))["languages"] == {"source": "en", "target": "fr"}
+    # The pairs as transformers' tokenizer frames them.
+    tokenizer.src_lang, tokenizer.tgt_lang = "eng_Latn", "fra_Latn"
+    sources, targets = ["A dog runs."], ["Un chien court."]
+    encoder_ids, decoder_ids, _ = tokenize_pairs(sources, targets, kept)
+    theirs = tokenizer(sources, text_target=targets)
+    assert [list(ids) for ids in encoder_ids] == theirs["input_ids"]
+    assert [list(ids) for ids in decoder_ids] == [[ours.special_token_ids.start, *theirs["labels"][0]]]
+    french = tokenizer.convert_tokens_to_ids("fra_Latn")
+    sources = saved.preprocessor.generate_preprocess(TEXTS[:2])
+    assert all(ids[0] == french for ids in saved.generate(_padded(sources, 1), sampler="greedy", max_length_offset=5))

@@ -29,33 +29,23 @@ source start token and need nothing.
 """
 
 import json
-import os
 
 import numpy as np
 
 from keras_transformer.convert import marian
 from keras_transformer.convert import marian_weights
+from keras_transformer.convert.checkpoint_directory import generation_config
+from keras_transformer.convert.checkpoint_directory import load_task
+from keras_transformer.convert.checkpoint_directory import refuse_quantized
+from keras_transformer.convert.checkpoint_directory import write_checkpoint
 from keras_transformer.presets import PresetError
-from keras_transformer.presets import ensembles
-from keras_transformer.utils.files import move_into_place
-from keras_transformer.utils.files import reporting_full_disk
-from keras_transformer.utils.files import staging_directory
-from keras_transformer.utils.locks import locked
 
 # Keras activation names -> transformers'.
 ACTIVATIONS = {"relu": "relu", "silu": "swish", "gelu": "gelu"}
 # The final logits bias of tokens that are never output (float16-safe).
 NEVER_OUTPUT_BIAS = -1e4
-
-
 # transformers' MarianLayerNorm epsilon (nn.LayerNorm's default), fixed.
 MARIAN_LAYER_NORM_EPSILON = 1e-5
-# transformers' weight files, of every framework, whole or sharded.
-EARLIER_WEIGHT_FILES = (
-    "model.safetensors", "model-*.safetensors", "model.safetensors.index.json",
-    "pytorch_model.bin", "pytorch_model-*.bin", "pytorch_model.bin.index.json",
-    "tf_model.h5", "flax_model.msgpack", "rust_model.ot",
-)
 
 
 def export_marian(model, output_dir, overwrite=False):
@@ -67,7 +57,7 @@ def export_marian(model, output_dir, overwrite=False):
         output_dir: the directory to write; it must be empty or absent
             unless `overwrite`.
         overwrite: replace the files of an earlier export in `output_dir`
-            (other files there stay); a directory that holds no Marian
+            (other files there stay); a directory that holds no exported
             model is never written into.
 
     Returns:
@@ -78,7 +68,7 @@ def export_marian(model, output_dir, overwrite=False):
             learned positions, d_k != d_model / h, a WordPiece vocabulary,
             an activation other than ReLU, SiLU or GELU).
         FileExistsError: `output_dir` is not empty and `overwrite` is False,
-            or it holds files but no Marian model.
+            or it holds files but no exported model.
         DirectoryInUseError: another process writes `output_dir` (an
             `OSError`; `keras_transformer.utils.locks`).
 
@@ -91,68 +81,26 @@ def export_marian(model, output_dir, overwrite=False):
     # ct2-transformers-converter --model marian-en-de --output_dir ct2-en-de
     ```
     """
-    model = _load(model)
+    model = load_task(model, "export_marian")
     backbone, tokenizer = model.backbone, model.preprocessor.tokenizer
     layout = MarianLayout(model.special_token_ids, backbone.vocabulary_size)
     config = marian_config(model, layout)
-    assets = _tokenizer_files(tokenizer, layout)
-    output_dir = os.path.abspath(os.fspath(output_dir))
-    if os.path.isfile(output_dir):
-        raise FileExistsError(f"{output_dir!r} is a file; give a directory.")
-    # One writer at a time (utils/locks.py): a second export into the
-    # directory fails at once, before it checks or writes anything.
-    with locked(output_dir, "export-marian"):
-        if os.path.isdir(output_dir) and os.listdir(output_dir):
-            if not overwrite:
-                raise FileExistsError(f"{output_dir!r} is not empty. Choose another directory, or pass overwrite=True.")
-            # Replacing only an earlier export keeps a mistyped path (a preset,
-            # a project's own config.json) from being overwritten.
-            if not marian.is_marian(output_dir):
-                raise FileExistsError(
-                    f"{output_dir!r} is not empty and holds no Marian model (a {marian.CONFIG_FILE} of "
-                    "model_type 'marian'): overwrite replaces an earlier export only. Choose another directory."
-                )
-        ensembles.warn_first_model_only(model, "The Marian directory")  # a Marian model is one model
-        try:
-            from safetensors.numpy import save_file
-        except ImportError as error:
-            raise ImportError("Writing model.safetensors needs safetensors: pip install safetensors.") from error
-        with reporting_full_disk("writing the Marian model to", output_dir), staging_directory(output_dir) as staging:
-            save_file(_marian_weights(backbone, layout), os.path.join(staging, marian.SAFETENSORS_FILE),
-                      metadata={"format": "pt"})
-            files = {
-                marian.CONFIG_FILE: config,
-                marian.GENERATION_CONFIG_FILE: _generation_config(layout, config),
-                marian.TOKENIZER_CONFIG_FILE: {
-                    "tokenizer_class": "MarianTokenizer",
-                    "model_max_length": backbone.max_sequence_length,
-                    "separate_vocabs": False,
-                    "eos_token": "</s>",
-                    "unk_token": "<unk>",
-                    "pad_token": "<pad>",
-                },
-                "special_tokens_map.json": {"eos_token": "</s>", "unk_token": "<unk>", "pad_token": "<pad>"},
-            }
-            for name, content in files.items():
-                with open(os.path.join(staging, name), "w", encoding="utf-8") as f:
-                    json.dump(content, f, indent=2, ensure_ascii=False)
-            for name, data in assets.items():
-                with open(os.path.join(staging, name), "wb") as f:
-                    f.write(data)
-            # Weights of another format that an earlier export or a download
-            # left would be read instead of these by some loaders.
-            move_into_place(staging, output_dir, replaces=EARLIER_WEIGHT_FILES)
-    return output_dir
-
-
-def _load(model):
-    from keras_transformer.models import TransformerSeq2SeqLM
-
-    if not isinstance(model, TransformerSeq2SeqLM):
-        model = TransformerSeq2SeqLM.from_preset(model)
-    if model.preprocessor is None:
-        raise PresetError("export_marian needs a model with a preprocessor (its tokenizer).")
-    return model
+    json_files = {
+        marian.CONFIG_FILE: config,
+        marian.GENERATION_CONFIG_FILE: generation_config(
+            layout.decoder_start, layout.end, layout.pad, layout.never_output, config["max_position_embeddings"]),
+        marian.TOKENIZER_CONFIG_FILE: {
+            "tokenizer_class": "MarianTokenizer",
+            "model_max_length": backbone.max_sequence_length,
+            "separate_vocabs": False,
+            "eos_token": "</s>",
+            "unk_token": "<unk>",
+            "pad_token": "<pad>",
+        },
+        "special_tokens_map.json": {"eos_token": "</s>", "unk_token": "<unk>", "pad_token": "<pad>"},
+    }
+    return write_checkpoint(model, output_dir, overwrite, lambda: _marian_weights(backbone, layout), json_files,
+                            _tokenizer_files(tokenizer, layout), "Marian", "export-marian")
 
 
 class MarianLayout:
@@ -213,16 +161,7 @@ def marian_config(model, layout=None):
         refuse.append(f"layer_norm_epsilon={backbone.layer_norm_epsilon!r} (Marian's LayerNorms use 1e-5)")
     if refuse:
         raise PresetError("Marian cannot hold this model: it has " + ", ".join(refuse) + ".")
-    quantized = [
-        layer.name for layer in backbone._flatten_layers()
-        if getattr(getattr(layer, "dtype_policy", None), "quantization_mode", None)
-    ]
-    if quantized:
-        raise PresetError(
-            f"export_marian writes float weights, and this model computes with quantized ones (`quantize`, "
-            f"layer {quantized[0]!r}): export the float model, before `quantize` (CTranslate2 quantizes "
-            "it itself: `ct2-transformers-converter --quantization int8`)."
-        )
+    refuse_quantized(backbone, "export_marian")
     return {
         "architectures": ["MarianMTModel"],
         "model_type": "marian",
@@ -251,19 +190,6 @@ def marian_config(model, layout=None):
         # The source start token (as opus-mt configs, `eos_token_id` when
         # sources have none).
         "bos_token_id": layout.end if layout.source_start is None else layout.source_start,
-    }
-
-
-def _generation_config(layout, config):
-    return {
-        "decoder_start_token_id": layout.decoder_start,
-        "eos_token_id": layout.end,
-        "forced_eos_token_id": layout.end,
-        "pad_token_id": layout.pad,
-        # As this package, never output padding or the start token.
-        "bad_words_ids": [[token] for token in layout.never_output],
-        "num_beams": 4,
-        "max_length": config["max_position_embeddings"],
     }
 
 

@@ -22,23 +22,27 @@ refuses, with the reason, the checkpoints of other transformers model
 types (NLLB-MoE among them).
 """
 
+import contextlib
 import os
 
 import numpy as np
 
+from keras_transformer.convert.checkpoint_tensors import RowBlocks
+from keras_transformer.convert.checkpoint_tensors import tensors_equal
 from keras_transformer.convert.m2m100_files import family_and_licence
 from keras_transformer.convert.m2m100_files import load_tokenizer
 from keras_transformer.convert.marian import WEIGHT_SHAPE_ARGUMENTS
-from keras_transformer.convert.marian_weights import assign_checkpoint_weights
 from keras_transformer.convert.marian import check_output_dir
-from keras_transformer.utils.locks import locked
 from keras_transformer.convert.marian import read_config
 from keras_transformer.convert.marian import read_state_dict
-from keras_transformer.convert.marian_weights import refuse_reshaped
+from keras_transformer.convert.marian_weights import assign_checkpoint_weights
 from keras_transformer.convert.marian_weights import layer_names
+from keras_transformer.convert.marian_weights import refuse_reshaped
 from keras_transformer.convert.marian_weights import to_ours
+from keras_transformer.layers.initializers import initial_values_skipped
 from keras_transformer.presets import PresetError
 from keras_transformer.presets import formats
+from keras_transformer.utils.locks import locked
 
 MODEL_TYPE = "m2m_100"
 ACTIVATIONS = {"relu": "relu", "gelu": "gelu", "swish": "silu", "silu": "silu"}
@@ -131,23 +135,23 @@ def backbone_config(config):
 
 
 def backbone_weights(state, backbone):
-    """{variable path: array} for `backbone` from an `m2m_100` state dict
-    (`model.` prefixes dropped)."""
-    embeddings = state.get("shared.weight", state.get("encoder.embed_tokens.weight"))
-    if embeddings is None:
+    """{variable path: array} parts for `backbone` from an `m2m_100` state
+    dict (or `CheckpointTensors`; `model.` prefixes dropped), a module at a
+    time, as `assign_checkpoint_weights` takes them."""
+    name = "shared.weight" if "shared.weight" in state else "encoder.embed_tokens.weight"
+    if name not in state:
         raise PresetError("The m2m_100 checkpoint has no shared embedding (model.shared.weight).")
     for tied in ("encoder.embed_tokens.weight", "decoder.embed_tokens.weight", "lm_head.weight"):
-        if tied in state and not np.array_equal(state[tied], embeddings):
+        if tied in state and tied != name and not tensors_equal(state, tied, name):
             raise PresetError(f"The m2m_100 checkpoint's {tied} differs from the shared embedding: not supported.")
     identity = np.arange(backbone.d_model)
-    weights = {"token_embedding/embeddings": embeddings}
+    yield {"token_embedding/embeddings": RowBlocks(state, name)}
     for decoder in (False, True):
         for i in range(backbone.num_layers):
             for theirs, ours, kind in layer_names("", i, decoder):
-                weights.update(to_ours(state, theirs, ours, kind, identity, backbone.num_heads))
+                yield to_ours(state, theirs, ours, kind, identity, backbone.num_heads)
         side = "decoder" if decoder else "encoder"
-        weights.update(to_ours(state, f"{side}.layer_norm", f"{side}_norm", "norm", identity, backbone.num_heads))
-    return weights
+        yield to_ours(state, f"{side}.layer_norm", f"{side}_norm", "norm", identity, backbone.num_heads)
 
 
 def load_backbone(preset, load_weights=True, dtype=None, config=None, **overrides):
@@ -160,7 +164,9 @@ def load_backbone(preset, load_weights=True, dtype=None, config=None, **override
                 if name in (*WEIGHT_SHAPE_ARGUMENTS, "position_offset") and value != arguments.get(name)}
     if load_weights and reshaped:
         refuse_reshaped("The m2m_100 checkpoint", reshaped, {name: arguments.get(name) for name in reshaped})
-    backbone = TransformerBackbone(**{**arguments, **overrides}, dtype=dtype)
+    # (Built to take the checkpoint's weights: no random values drawn first.)
+    with initial_values_skipped() if load_weights else contextlib.nullcontext():
+        backbone = TransformerBackbone(**{**arguments, **overrides}, dtype=dtype)
     if load_weights:
         weights = backbone_weights(read_state_dict(preset, family="m2m_100"), backbone)
         assign_checkpoint_weights("The m2m_100 checkpoint", backbone, weights)

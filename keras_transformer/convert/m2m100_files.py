@@ -85,7 +85,12 @@ def vocabulary_and_codes(preset, spm, config):
         vocabulary = dict(tokenizer_json.get("model", {}).get("vocab") or {})
         added = {token["id"]: token["content"] for token in tokenizer_json.get("added_tokens", [])}
         if not vocabulary:
-            vocabulary, added = _fairseq_numbering(spm, config)
+            listed = config.get("extra_special_tokens") or config.get("additional_special_tokens") or []
+            vocabulary, added = fairseq_numbering(spm, [code for code in listed if is_language_code(code)])
+            # The added tokens' ids that the config gives (as transformers reads them).
+            given = {int(i): token["content"] for i, token in config.get("added_tokens_decoder", {}).items()}
+            if given:
+                added = {i: token for i, token in given.items() if token not in vocabulary}
         vocabulary.update({token: i for i, token in added.items()})
         codes = {i: token for i, token in added.items() if is_language_code(token)}
     vocabulary.update({token: i for i, token in codes.items()})
@@ -97,19 +102,21 @@ def vocabulary_and_codes(preset, spm, config):
     return vocabulary, [codes[i] for i in sorted(codes)]
 
 
-def _fairseq_numbering(spm, config):
-    """NLLB's ids without `tokenizer.json`: fairseq's specials, each
-    SentencePiece piece's id plus one, then the codes and `<mask>`."""
+def fairseq_numbering(spm, codes):
+    """NLLB's ids as fairseq numbers them, from its SentencePiece model
+    (`spm`: a path or the model's bytes) and language `codes`: fairseq's
+    specials, each SentencePiece piece's id plus one, then the codes and
+    `<mask>`. Returns `(piece -> id, {id: added token})`."""
     import sentencepiece
 
-    processor = sentencepiece.SentencePieceProcessor(model_file=spm)
+    spm = {"model_proto": spm} if isinstance(spm, bytes) else {"model_file": spm}
+    processor = sentencepiece.SentencePieceProcessor(**spm)
     vocabulary = dict(SPECIALS)
     for i in range(processor.get_piece_size()):
         if not (processor.is_control(i) or processor.is_unknown(i)):
             vocabulary[processor.id_to_piece(i)] = i + 1
-    listed = config.get("extra_special_tokens") or config.get("additional_special_tokens") or []
     first = processor.get_piece_size() + 1
-    added = {first + i: code for i, code in enumerate(code for code in listed if is_language_code(code))}
+    added = {first + i: code for i, code in enumerate(codes)}
     added[first + len(added)] = "<mask>"
     return vocabulary, added
 

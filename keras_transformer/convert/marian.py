@@ -25,14 +25,16 @@ this package in that form, for transformers and for CTranslate2's
 `ct2-transformers-converter`.
 """
 
+import contextlib
+import importlib.util
 import json
 import os
 
-import numpy as np
-
+from keras_transformer.convert.checkpoint_tensors import CheckpointTensors
 from keras_transformer.convert.marian_weights import assign_checkpoint_weights
 from keras_transformer.convert.marian_weights import marian_to_backbone_weights
 from keras_transformer.convert.marian_weights import refuse_reshaped
+from keras_transformer.layers.initializers import initial_values_skipped
 from keras_transformer.presets import PresetError
 from keras_transformer.presets import formats
 from keras_transformer.presets import hub
@@ -189,31 +191,23 @@ def backbone_config(config):
 
 
 def read_state_dict(preset, family="Marian"):
-    """The checkpoint's tensors as NumPy arrays, `model.` prefixes dropped
-    (`family` names the checkpoint's kind in errors)."""
+    """The checkpoint's tensors (`checkpoint_tensors.CheckpointTensors`:
+    by name, `model.` prefixes dropped, each read as a float32 NumPy array
+    when asked for; `family` names the checkpoint's kind in errors)."""
     path = fetch_file(preset, SAFETENSORS_FILE, required=False)
     if path is not None:
-        try:
-            from safetensors.numpy import load_file
-        except ImportError as error:
+        if importlib.util.find_spec("safetensors") is None:
             raise ImportError(
                 "Reading model.safetensors needs the safetensors package: pip install safetensors "
-                "(or pip install 'keras-aiayn[marian]')."
-            ) from error
-        tensors = load_file(path)
-    else:
-        path = fetch_file(preset, PYTORCH_FILE, required=False)
-        if path is None:
-            raise PresetError(f"The {family} model {os.fspath(preset)!r} has neither {SAFETENSORS_FILE} nor {PYTORCH_FILE}.")
-        try:
-            import torch
-        except ImportError as error:
-            raise ImportError(f"Reading {PYTORCH_FILE} needs PyTorch; or convert it to {SAFETENSORS_FILE}.") from error
-        tensors = {
-            name: value.float().numpy()
-            for name, value in torch.load(path, map_location="cpu", weights_only=True).items()
-        }
-    return {name.removeprefix("model."): np.asarray(value, "float32") for name, value in tensors.items()}
+                "(or pip install 'keras-aiayn[hub]')."
+            )
+        return CheckpointTensors(path)
+    path = fetch_file(preset, PYTORCH_FILE, required=False)
+    if path is None:
+        raise PresetError(f"The {family} model {os.fspath(preset)!r} has neither {SAFETENSORS_FILE} nor {PYTORCH_FILE}.")
+    if importlib.util.find_spec("torch") is None:
+        raise ImportError(f"Reading {PYTORCH_FILE} needs PyTorch; or convert it to {SAFETENSORS_FILE}.")
+    return CheckpointTensors(path)
 
 
 def check_tokenizer_files(preset):
@@ -299,7 +293,9 @@ def load_backbone(preset, load_weights=True, dtype=None, config=None, **override
         # without a word.
         refuse_reshaped("The Marian checkpoint", reshaped, {
             name: arguments.get(name, _BACKBONE_DEFAULTS.get(name)) for name in reshaped})
-    backbone = TransformerBackbone(**{**arguments, **overrides}, dtype=dtype)
+    # (Built to take the checkpoint's weights: no random values drawn first.)
+    with initial_values_skipped() if load_weights else contextlib.nullcontext():
+        backbone = TransformerBackbone(**{**arguments, **overrides}, dtype=dtype)
     if load_weights:
         weights = marian_to_backbone_weights(read_state_dict(preset), backbone, config.get("decoder_start_token_id"))
         assign_checkpoint_weights("The Marian checkpoint", backbone, weights)

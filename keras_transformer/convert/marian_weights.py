@@ -10,7 +10,11 @@ the order of that axis, so the logits are the same.
 
 import numpy as np
 
+from keras_transformer.convert.checkpoint_tensors import RowBlocks
+from keras_transformer.convert.checkpoint_tensors import tensors_equal
 from keras_transformer.presets import PresetError
+from keras_transformer.runtime.variable_rows import assign_rows
+from keras_transformer.utils.memory import give_back_freed_memory
 
 
 # === The d_model permutation ===
@@ -79,7 +83,10 @@ def layer_names(prefix, index, decoder):
 
 
 def marian_to_backbone_weights(state, backbone, decoder_start_id=None):
-    """{variable path: array} for `backbone` from a Marian state dict.
+    """{variable path: array} parts for `backbone` from a Marian state
+    dict (or `CheckpointTensors`), a module at a time: the embeddings
+    first, then each layer's parts (`assign_checkpoint_weights` assigns
+    them as they come, so that one module's arrays are held at a time).
 
     A decoder position table whose first row is shifted (see
     `first_decoder_input_shift`) moves the shift into the embedding of
@@ -87,25 +94,28 @@ def marian_to_backbone_weights(state, backbone, decoder_start_id=None):
     masked wherever else it is read)."""
     d, h = backbone.d_model, backbone.num_heads
     perm = position_permutation(d)
-    embeddings = state.get("shared.weight", state.get("encoder.embed_tokens.weight"))
-    if embeddings is None:
+    name = "shared.weight" if "shared.weight" in state else "encoder.embed_tokens.weight"
+    if name not in state:
         raise PresetError("The Marian checkpoint has no shared embedding (model.shared.weight).")
     for tied in ("decoder.embed_tokens.weight", "lm_head.weight"):
-        if tied in state and not np.array_equal(state[tied], embeddings):
+        if tied in state and not tensors_equal(state, tied, name):
             raise PresetError(f"The Marian checkpoint's {tied} differs from the shared embedding: not supported.")
     shift = first_decoder_input_shift(state, d)
-    if np.any(shift) and decoder_start_id is not None:
-        scale = np.sqrt(d) if backbone.scale_embeddings else 1.0
-        embeddings = embeddings.copy()
-        embeddings[decoder_start_id] += shift / scale
-    weights = {"token_embedding/embeddings": embeddings[:, perm]}
-    bias = state.get("final_logits_bias", np.zeros((1, embeddings.shape[0]), "float32"))
-    weights["token_embedding/logits_bias"] = bias.reshape(-1)
+    shifted = np.any(shift) and decoder_start_id is not None
+    scale = np.sqrt(d) if backbone.scale_embeddings else 1.0
+
+    def to_our_order(start, rows):
+        if shifted and start <= decoder_start_id < start + len(rows):
+            rows[decoder_start_id - start] += shift / scale
+        return rows[:, perm]
+
+    yield {"token_embedding/embeddings": RowBlocks(state, name, to_our_order)}
+    bias = state["final_logits_bias"] if "final_logits_bias" in state else np.zeros((1, len(perm)), "float32")
+    yield {"token_embedding/logits_bias": bias.reshape(-1)}
     for decoder in (False, True):
         for i in range(backbone.num_layers):
             for theirs, ours, kind in layer_names("", i, decoder):
-                weights.update(to_ours(state, theirs, ours, kind, perm, h))
-    return weights
+                yield to_ours(state, theirs, ours, kind, perm, h)
 
 
 def to_ours(state, theirs, ours, kind, perm, h):
@@ -132,11 +142,28 @@ def to_ours(state, theirs, ours, kind, perm, h):
     return out
 
 
+def backbone_values(backbone):
+    """{variable path: float32 NumPy array} of `backbone`'s weights."""
+    return {v.path: np.asarray(v.numpy() if hasattr(v, "numpy") else v, "float32") for v in backbone.weights}
+
+
+def checkpoint_layers(values, num_layers, inverse):
+    """The encoder and decoder layers of a transformers state dict
+    (`model.encoder.layers.0.self_attn.q_proj.weight`...) from a backbone's
+    `values`, the d_model axis ordered by `inverse` (Marian's order; the
+    identity for fairseq's models)."""
+    state = {}
+    for decoder in (False, True):
+        for i in range(num_layers):
+            for theirs, ours, kind in layer_names("", i, decoder):
+                state.update(to_theirs(values, f"model.{theirs}", ours, kind, inverse))
+    return state
+
+
 def backbone_to_marian_weights(backbone):
     """A Marian state dict (NumPy arrays, transformers' names) of `backbone`."""
-    values = {v.path: np.asarray(v.numpy() if hasattr(v, "numpy") else v, "float32") for v in backbone.weights}
-    d = backbone.d_model
-    inverse = np.argsort(position_permutation(d))
+    values = backbone_values(backbone)
+    inverse = np.argsort(position_permutation(backbone.d_model))
     embeddings = values["token_embedding/embeddings"][:, inverse]
     bias = values.get("token_embedding/logits_bias", np.zeros(embeddings.shape[0], "float32"))
     state = {
@@ -145,15 +172,15 @@ def backbone_to_marian_weights(backbone):
         "model.decoder.embed_tokens.weight": embeddings,
         "lm_head.weight": embeddings,
         "final_logits_bias": bias.reshape(1, -1),
+        **checkpoint_layers(values, backbone.num_layers, inverse),
     }
-    for decoder in (False, True):
-        for i in range(backbone.num_layers):
-            for theirs, ours, kind in layer_names("", i, decoder):
-                state.update(_to_theirs(values, f"model.{theirs}", ours, kind, inverse))
     return {name: np.ascontiguousarray(value, "float32") for name, value in state.items()}
 
 
-def _to_theirs(values, theirs, ours, kind, inverse):
+def to_theirs(values, theirs, ours, kind, inverse):
+    """The tensors of transformers' module `theirs` (a LayerNorm, a
+    feed-forward half or an attention block: `kind`) from the backbone
+    variables under `ours`, the d_model axis ordered by `inverse`."""
     if kind == "norm":
         return {f"{theirs}.weight": values[f"{ours}/gamma"][inverse], f"{theirs}.bias": values[f"{ours}/beta"][inverse]}
     if kind == "inner":
@@ -187,16 +214,35 @@ def refuse_reshaped(checkpoint, reshaped, theirs):
     )
 
 
-def assign_checkpoint_weights(checkpoint, backbone, weights):
-    """Every variable of `backbone` assigned its value in `weights` (by
-    variable path), or an error naming the first one the checkpoint (named
-    by `checkpoint`) lacks or gives in another shape."""
+def assign_checkpoint_weights(checkpoint, backbone, parts):
+    """Every variable of `backbone` assigned its value from `parts` (an
+    iterable of {variable path: array} dicts, or one such dict), a part at
+    a time, each dropped once assigned; an error naming the first variable
+    that the checkpoint (named by `checkpoint`) gives in another shape, or
+    lacks."""
+    variables = {variable.path: variable for variable in backbone.weights}
+    assigned = set()
+    for part in [parts] if isinstance(parts, dict) else parts:
+        for path, value in part.items():
+            variable = variables.get(path)
+            if variable is None:
+                continue
+            if tuple(value.shape) != tuple(variable.shape):
+                raise _does_not_fit(checkpoint, variable, tuple(value.shape))
+            if isinstance(value, RowBlocks):  # (an embedding matrix: no second copy of it)
+                assign_rows(variable, value)
+            else:
+                variable.assign(value)
+            assigned.add(path)
+        del part
+        give_back_freed_memory()  # (the replaced initial values' holes)
     for variable in backbone.weights:
-        value = weights.get(variable.path)
-        if value is None or tuple(value.shape) != tuple(variable.shape):
-            found = None if value is None else tuple(value.shape)
-            raise PresetError(
-                f"{checkpoint} does not fit its config.json: {variable.path} should have shape "
-                f"{tuple(variable.shape)}, the checkpoint gives {found}."
-            )
-        variable.assign(value)
+        if variable.path not in assigned:
+            raise _does_not_fit(checkpoint, variable, None)
+
+
+def _does_not_fit(checkpoint, variable, found):
+    return PresetError(
+        f"{checkpoint} does not fit its config.json: {variable.path} should have shape "
+        f"{tuple(variable.shape)}, the checkpoint gives {found}."
+    )

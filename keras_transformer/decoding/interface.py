@@ -102,18 +102,19 @@ class _CompiledLoops:
         self.by_settings = {}
 
 
-def search_loop_function(model, settings):
+def search_loop_function(model, settings, prefixes=False):
     """`loop.search_loop` of `model` with these settings (a
     `DecodingSettings`), compiled for the backend, made once per model and
     settings: `search(encoder_ids, encoder_mask, budgets, positions)` gives
     `(token_ids, lengths, scores, log_probs, done)`; `positions`, any int32
     vector, has the length of the self-attention cache (so that it is a
-    shape, which compilers see)."""
+    shape, which compilers see). With `prefixes`, `search` takes each
+    source's forced first tokens last (`loop.search_loop`'s `prefixes`)."""
 
-    def search(encoder_ids, encoder_mask, budgets, positions):
-        return search_loop(model, encoder_ids, encoder_mask, budgets, ops.shape(positions)[0], settings)
+    def search(encoder_ids, encoder_mask, budgets, positions, *forced):
+        return search_loop(model, encoder_ids, encoder_mask, budgets, ops.shape(positions)[0], settings, *forced)
 
-    return _compiled_once(model, ("loop", _search_key(settings)), search)
+    return _compiled_once(model, ("loop", _search_key(settings), bool(prefixes)), search)
 
 
 def search_segment_function(model, settings):

@@ -42,7 +42,7 @@ from keras_transformer.runtime import cache_bits
 from keras_transformer.runtime.array_ops import KERAS_OPS
 
 
-def search_loop(model, encoder_ids, encoder_mask, budgets, max_length, settings):
+def search_loop(model, encoder_ids, encoder_mask, budgets, max_length, settings, prefixes=None):
     """Beam search of a batch of sources as one `keras.ops.while_loop`.
 
     Args:
@@ -56,6 +56,9 @@ def search_loop(model, encoder_ids, encoder_mask, budgets, max_length, settings)
             the cache is full: with more positions than the largest
             budget, every source is done by then.
         settings: the search's `DecodingSettings`.
+        prefixes: int32 `(batch, length)`: each source's forced first
+            tokens (the SavedModel's target language code of each text),
+            or None (`settings.target_prefix` forces one for all).
 
     Returns:
         `(token_ids, lengths, scores, log_probs, done)`, the `num_results`
@@ -73,7 +76,7 @@ def search_loop(model, encoder_ids, encoder_mask, budgets, max_length, settings)
     # source * k to source * k + k - 1) all read.
     cross = model.cross_attention_cache(model.encode(encoder_ids, encoder_mask))
     keys = source_keys(encoder_ids, encoder_mask, KERAS_OPS) if settings.sampling else None
-    body = cached_step(model, cross, encoder_mask, budgets, settings, keys)
+    body = cached_step(model, cross, encoder_mask, budgets, settings, keys, prefixes)
 
     def cond(index, tokens, parents, sequences, log_probs, finished, count, done, caches):
         return ~ops.all(done) & (index < max_length - 1)

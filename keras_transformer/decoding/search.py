@@ -126,11 +126,12 @@ def _merged(ops, along, finished, k, ids, lengths, scores, log_probs):
     return tuple(along(x, best) for x in merged)
 
 
-def cached_step(model, cross, encoder_mask, budgets, settings, keys=None):
+def cached_step(model, cross, encoder_mask, budgets, settings, keys=None, prefixes=None):
     """The compiled loops' body (`loop.py`): the self-attention caches
     reordered to the beams' parents, one cached decoder step of `model`,
     its candidates (`transforms.candidates`; `keys` where sampling, the
-    beams' tokens so far where the transforms read them), then `advance`."""
+    beams' tokens so far where the transforms read them, `prefixes` where
+    each source has its own forced first tokens), then `advance`."""
     never_output = never_output_bias(model)
     special, vocabulary_size = model.special_token_ids, model.backbone.vocabulary_size
 
@@ -139,7 +140,7 @@ def cached_step(model, cross, encoder_mask, budgets, settings, keys=None):
         caches = reordered_caches(caches, parents, settings.beam_size)
         logits, cache = model.call_decoder_with_cache(tokens[:, None], index, list(zip(caches, cross)), encoder_mask)
         history = history_of(sequences) if uses_history(settings) else None
-        values, flat = candidates(logits, log_probs, index, never_output, settings, keys, history)
+        values, flat = candidates(logits, log_probs, index, never_output, settings, keys, history, prefixes)
         return advance(state, values, flat, [c for c, _ in cache], budgets, settings, special, vocabulary_size)
 
     return body

@@ -58,6 +58,36 @@ def forced_prefix(prefix):
     return transform
 
 
+def forced_prefixes(prefixes, beams):
+    """The transform that forces each source's own tokens at the first
+    output positions, as `forced_prefix` forces one prefix for all:
+    `prefixes` is int32 `(sources, length)`, a row a source (the target
+    language code of a multilingual model's SavedModel, then the prefix),
+    and the logits' rows are the sources' `beams` beams, consecutive.
+
+    Example:
+
+    >>> import numpy as np
+    >>> from keras import ops
+    >>> from keras_transformer.runtime.array_ops import KERAS_OPS
+    >>> logits = np.zeros((4, 3), "float32")  # 2 sources of 2 beams
+    >>> transform = forced_prefixes(np.array([[2], [1]], "int32"), beams=2)
+    >>> ops.convert_to_numpy(transform(logits, 0, KERAS_OPS)).tolist()
+    [[-inf, -inf, 0.0], [-inf, -inf, 0.0], [-inf, 0.0, -inf], [-inf, 0.0, -inf]]
+    """
+
+    def transform(logits, index, ops, history=None):
+        vocabulary_size = ops.shape(logits)[1]
+        sources, length = ops.shape(prefixes)[0], ops.shape(prefixes)[1]
+        at = ops.reshape(ops.cast(ops.minimum(index, length - 1), "int32"), (1,))
+        token = ops.reshape(ops.take(ops.convert_to_tensor(prefixes, "int32"), at, axis=1), (-1, 1))
+        token = ops.reshape(ops.broadcast_to(token, (sources, beams)), (-1,))
+        forced = ops.where(ops.arange(vocabulary_size, dtype="int32")[None, :] == token[:, None], 0.0, float("-inf"))
+        return ops.where(ops.cast(index, "int32") < length, ops.cast(forced, "float32"), ops.cast(logits, "float32"))
+
+    return transform
+
+
 def no_repeat_ngram(n):
     """The transform that bans repeated n-grams (fairseq's and
     transformers' `no_repeat_ngram_size`): a token that would complete,
@@ -131,7 +161,7 @@ def step_transforms(settings):
     return tuple(transforms)
 
 
-def candidates(logits, log_probs, index, never_output, settings, keys=None, history=None):
+def candidates(logits, log_probs, index, never_output, settings, keys=None, history=None, prefixes=None):
     """Rule 2 of the search (`rules.py`) after the step's transforms: the
     `2 * beam_size` best one-token extensions of each source's beams,
     `(values, flat indices)` as `rules.best_extensions` gives them; where
@@ -147,8 +177,12 @@ def candidates(logits, log_probs, index, never_output, settings, keys=None, hist
         keys: where `settings.sampling`, the sources' `sampling.source_keys`.
         history: where `uses_history(settings)`, int32 `(rows, width)`:
             each row's output tokens so far (`search.history_of`).
+        prefixes: int32 `(sources, length)`, each source's forced first
+            tokens (`forced_prefixes`, last), or None.
     """
     transforms = step_transforms(settings)
+    if prefixes is not None:
+        transforms = (*transforms, forced_prefixes(prefixes, settings.beam_size))
     if uses_history(settings) and history is None:
         raise ValueError("These settings' transforms read the outputs so far: give candidates their history.")
     if settings.sampling is not None:

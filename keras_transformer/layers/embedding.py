@@ -12,6 +12,7 @@ import math
 import keras
 from keras import ops
 
+from keras_transformer.layers.initializers import unless_skipped
 from keras_transformer.runtime.bfloat16_products import bfloat16_product
 from keras_transformer.runtime.bfloat16_products import bfloat16_products_in_float32
 from keras_transformer.runtime.bfloat16_products import float32_product
@@ -68,7 +69,7 @@ class SharedTokenEmbedding(DirectCall, keras.layers.ReversibleEmbedding):
         kwargs.pop("output_dim", None)
         kwargs.pop("tie_weights", None)
         if embeddings_initializer is None:
-            embeddings_initializer = keras.initializers.RandomNormal(stddev=int(d_model) ** -0.5)
+            embeddings_initializer = unless_skipped(keras.initializers.RandomNormal(stddev=int(d_model) ** -0.5))
         super().__init__(
             input_dim=int(vocabulary_size),
             output_dim=int(d_model),

@@ -5,6 +5,7 @@
 import keras
 import numpy as np
 
+from keras_transformer.models.transformer.languages import with_pair_languages
 from keras_transformer.models.transformer.text_checks import check_pair_texts
 
 # Data that `fit`, `evaluate` and `predict` take as it is in memory (not a
@@ -37,6 +38,41 @@ def check_in_memory(preprocessor, x, y, method, what=None, long_pairs="error"):
         to_translate = method != "fit" and not isinstance(x, dict) and y is None
         hint = " To translate sources, call generate(sources)." if to_translate else ""
         raise type(error)(f"{method}: {what + ': ' if what else ''}{error}{hint}") from None
+
+
+def fit_data(preprocessor, x, y, batch_size, sample_weight, validation_data, validation_split, shuffle, long_pairs,
+             source_language=None, target_language=None):
+    """`keras.Model.fit`'s data arguments (`x`, `y`, `batch_size`,
+    `sample_weight`, `validation_data`, `validation_split`) for
+    `TransformerSeq2SeqLM.fit`'s: pairs held in memory with their
+    languages (`with_languages`), checked, and shuffled each epoch with the
+    validation split (`shuffled_batches`)."""
+    x, validation_data = with_languages(preprocessor, x, validation_data, source_language, target_language)
+    x, kept = check_in_memory(preprocessor, x, y, "fit", long_pairs=long_pairs)
+    if kept is not None and isinstance(sample_weight, (list, tuple, np.ndarray)):
+        sample_weight = np.asarray(sample_weight)[kept]
+    validation_data = check_validation_data(preprocessor, validation_data, long_pairs)
+    if isinstance(x, IN_MEMORY) and (shuffle or validation_split):
+        x, validation_data = shuffled_batches(x, y, sample_weight, batch_size, validation_split, validation_data, shuffle)
+        y, sample_weight, batch_size, validation_split = None, None, None, None
+    return dict(x=x, y=y, batch_size=batch_size, sample_weight=sample_weight, validation_data=validation_data,
+                validation_split=validation_split)
+
+
+def with_languages(preprocessor, x, validation_data, source_language, target_language):
+    """`(x, validation_data)` of `fit` (or `evaluate`'s `x`, with
+    `validation_data` None) with a multilingual model's language codes put
+    where it reads them (`languages.with_pair_languages`)."""
+    if source_language is None and target_language is None:
+        return x, validation_data
+    tokenizer = getattr(preprocessor, "tokenizer", None)
+    x = with_pair_languages(tokenizer, x, source_language, target_language)
+    if isinstance(validation_data, dict):
+        validation_data = with_pair_languages(tokenizer, validation_data, source_language, target_language)
+    elif isinstance(validation_data, (list, tuple)) and validation_data:
+        framed = with_pair_languages(tokenizer, validation_data[0], source_language, target_language)
+        validation_data = (framed, *validation_data[1:])
+    return x, validation_data
 
 
 def check_validation_data(preprocessor, validation_data, long_pairs="error"):

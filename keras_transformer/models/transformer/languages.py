@@ -96,6 +96,27 @@ def resolve_language(name, codes, role="language"):
     )
 
 
+def language_names(codes):
+    """`{name: code}`: every name that `resolve_language` takes for one of
+    `codes` (the code itself, and the ISO 639-1 / 639-3 codes that name
+    it alone), lowercased: what a SavedModel's language inputs look up.
+
+    >>> sorted(language_names(["__en__", "__de__"]).items())[:4]
+    [('__de__', '__de__'), ('__en__', '__en__'), ('de', '__de__'), ('deu', '__de__')]
+    """
+    codes = list(codes)
+    names = {}
+    for code in codes:
+        core = code_core(code)
+        for name in {code.lower(), *(_iso_aliases(core) if core else ())}:
+            try:
+                if resolve_language(name, codes) == code:
+                    names[name] = code
+            except ValueError:  # (ambiguous: zh for zho_Hans and zho_Hant)
+                pass
+    return names
+
+
 def model_languages(tokenizer):
     """The language codes of a tokenizer's vocabulary, in id order: those
     it lists (`language_codes`), else its opus-mt `>>xx<<` tokens; `[]`
@@ -155,6 +176,56 @@ def with_languages(tokenizer, texts, source_language, target_language, target_pr
     if isinstance(target_prefix, str):
         return texts, np.asarray(tokenizer.tokenize_target(f"{code} {target_prefix}")).tolist()
     return texts, [tokenizer.language_id(code), *(target_prefix or ())]
+
+
+def with_pair_languages(tokenizer, x, source_language, target_language):
+    """Sentence pairs `x` (a dict of `encoder_text` and `decoder_text`)
+    with their languages where the model reads them in training, for
+    `fit` and `evaluate`.
+
+    M2M100 and NLLB: the source code before each source and the target
+    code before each target that starts with none, so that the
+    preprocessor frames the source `[source code] text </s>`, the decoder
+    input `</s> [target code] text` and the labels `[target code] text
+    </s>`, as fairseq trained them. opus-mt: the target code before each
+    source. Without languages, `x` as it is.
+
+    Example:
+
+    >>> class Codes:  # a tokenizer's languages
+    ...     language_codes = ["__en__", "__fr__"]
+    >>> with_pair_languages(Codes(), {"encoder_text": ["A dog."], "decoder_text": ["Un chien."]}, "en", "fr")
+    {'encoder_text': ['__en__ A dog.'], 'decoder_text': ['__fr__ Un chien.']}
+    """
+    if source_language is None and target_language is None:
+        return x
+    codes = model_languages(tokenizer)
+    if not codes:
+        raise ValueError("This model translates one language pair: it takes no source_language or target_language.")
+    if not isinstance(x, dict) or not {"encoder_text", "decoder_text"} <= set(x):
+        raise ValueError(
+            "source_language and target_language frame sentence pairs held in memory (a dict of 'encoder_text' and "
+            "'decoder_text'); the texts of a dataset carry their codes themselves (\"__fr__ Un chien.\")."
+        )
+    sources, targets = (_texts(x[key]) for key in ("encoder_text", "decoder_text"))
+    if codes[0].startswith(">>"):
+        if source_language is not None:
+            raise ValueError("opus-mt models read the source language from the text: give target_language only.")
+        code = resolve_language(target_language, codes, "target_language")
+        return {**x, "encoder_text": [_starting_with(text, code, codes) for text in sources]}
+    framed = {"encoder_text": sources, "decoder_text": targets}
+    for key, language, role in (("encoder_text", source_language, "source_language"),
+                                ("decoder_text", target_language, "target_language")):
+        if language is not None:
+            code = resolve_language(language, codes, role)
+            framed[key] = [_starting_with(text, code, codes) for text in framed[key]]
+    return {**x, **framed}
+
+
+def _texts(texts):
+    """Texts (a string, or a list or array of strings or bytes) as a list of str."""
+    texts = [texts] if isinstance(texts, (str, bytes)) else list(np.asarray(texts, object).reshape(-1))
+    return [text.decode("utf-8") if isinstance(text, bytes) else str(text) for text in texts]
 
 
 def _first_word(text):

@@ -5,7 +5,6 @@ import warnings
 
 import keras
 import keras_hub
-import numpy as np
 from keras import ops
 
 from keras_transformer.decoding.interface import forget_decoding_functions
@@ -18,10 +17,9 @@ from keras_transformer.models.preset_io import PresetIO
 from keras_transformer.models.transformer import generation
 from keras_transformer.models.transformer.backbone import TransformerBackbone
 from keras_transformer.models.transformer.ensemble_members import EnsembleMembers
-from keras_transformer.models.transformer.in_memory_data import IN_MEMORY
 from keras_transformer.models.transformer.in_memory_data import check_in_memory
-from keras_transformer.models.transformer.in_memory_data import check_validation_data
-from keras_transformer.models.transformer.in_memory_data import shuffled_batches
+from keras_transformer.models.transformer.in_memory_data import fit_data
+from keras_transformer.models.transformer.in_memory_data import with_languages
 from keras_transformer.models.transformer.languages import model_languages
 from keras_transformer.models.transformer.seq2seq_lm_preprocessor import (
     TransformerSeq2SeqLMPreprocessor,
@@ -130,6 +128,8 @@ class TransformerSeq2SeqLM(EnsembleMembers, PresetIO, keras_hub.models.Seq2SeqLM
         validation_split=None,
         shuffle=True,
         long_pairs="error",
+        source_language=None,
+        target_language=None,
         **kwargs,
     ):
         """`keras.Model.fit`, shuffling data held in memory every epoch.
@@ -149,28 +149,19 @@ class TransformerSeq2SeqLM(EnsembleMembers, PresetIO, keras_hub.models.Seq2SeqLM
         are an error that counts them unless `long_pairs` is `"drop"`
         (leave them out) or `"truncate"` (cut them, as keras-hub does);
         `evaluate` and `predict` take `long_pairs` too.
-        """
-        x, kept = check_in_memory(self.preprocessor, x, y, "fit", long_pairs=long_pairs)
-        if kept is not None and isinstance(sample_weight, (list, tuple, np.ndarray)):
-            sample_weight = np.asarray(sample_weight)[kept]
-        validation_data = check_validation_data(self.preprocessor, validation_data, long_pairs)
-        if isinstance(x, IN_MEMORY) and (shuffle or validation_split):
-            x, validation_data = shuffled_batches(
-                x, y, sample_weight, batch_size, validation_split, validation_data, shuffle
-            )
-            y, sample_weight, batch_size, validation_split = None, None, None, None
-        return super().fit(
-            x,
-            y,
-            batch_size=batch_size,
-            sample_weight=sample_weight,
-            validation_data=validation_data,
-            validation_split=validation_split,
-            shuffle=False,
-            **kwargs,
-        )
 
-    def evaluate(self, x=None, y=None, *args, long_pairs="error", **kwargs):
+        A multilingual model (M2M100, NLLB-200) learns a pair with
+        `source_language` and `target_language` (as `generate` takes them):
+        their codes start the sources and targets held in memory, framed
+        as the checkpoint was trained (`languages.with_pair_languages`);
+        `evaluate` takes them too.
+        """
+        data = fit_data(self.preprocessor, x, y, batch_size, sample_weight, validation_data, validation_split, shuffle,
+                        long_pairs, source_language, target_language)
+        return super().fit(**data, shuffle=False, **kwargs)
+
+    def evaluate(self, x=None, y=None, *args, long_pairs="error", source_language=None, target_language=None, **kwargs):
+        x, _ = with_languages(self.preprocessor, x, None, source_language, target_language)
         x, _ = check_in_memory(self.preprocessor, x, y, "evaluate", long_pairs=long_pairs)
         return super().evaluate(x, y, *args, **kwargs)
 
