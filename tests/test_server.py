@@ -408,6 +408,36 @@ def test_the_batcher_waits_for_sentences_that_arrive_together():
 
 
 @once
+def test_a_batch_waits_for_the_clients_the_last_batch_answered():
+    # Four clients, each sending its next sentence 10, 40, 70 and 100 ms
+    # after its answer: further apart than the batch's short wait (5 ms),
+    # within a quarter of a batch's 0.8 s. Every batch after the first holds
+    # all four; with the short wait alone, each client's sentence went alone.
+    class Slow(FakeModel):
+        def generate(self, texts, **kwargs):
+            time.sleep(0.8)
+            return super().generate(texts, **kwargs)
+
+    model, outcomes = Slow(), {}
+    route = FakeRoute("a", model)
+    batcher = Batcher(Metrics(), batch_wait=0.005)
+    batcher.start()
+
+    def client(number):
+        for round_ in range(4):
+            job = _job(route, [f"c{number}r{round_}"], outcomes)
+            batcher.submit(job)
+            assert job.answered.wait(30)
+            time.sleep(0.01 + 0.03 * number)
+
+    with concurrent.futures.ThreadPoolExecutor(4) as pool:
+        list(pool.map(client, range(4)))
+    batcher.close(timeout=30)
+    sizes = [len(texts) for texts, _ in model.calls]
+    assert sum(sizes) == 16 and sizes[1:] == [4] * (len(sizes) - 1), sizes
+
+
+@once
 def test_requests_are_answered_when_the_decoding_thread_stops():
     class Stopping(FakeModel):
         def generate(self, texts, **kwargs):

@@ -4,8 +4,9 @@ decoded together.
 One thread owns the models (they are not thread-safe, and Keras keeps
 some state per thread): it loads them, then takes the queued sentences of
 one route (model and languages), waits a few milliseconds for more while
-they keep coming and the batch is under its token budget (the clients
-that the last batch answered send their next sentences then), calls
+they keep coming and the batch is under its token budget, and longer
+while the clients that the last batch answered are coming back with their
+next sentences (up to a share of that batch's decoding time), calls
 `generate` once for all of them, and hands each request its translations
 through its event loop (`loop.call_soon_threadsafe`). While it decodes,
 new requests queue, so that under load each batch holds what arrived
@@ -30,6 +31,15 @@ DEFAULT_BATCH_WAIT_SECONDS = 0.005
 # A batch waits for more sentences while they keep coming, at most this
 # many times the wait in all.
 MAX_WAITS = 10
+# While fewer requests are queued than the last batch answered, their
+# clients are still coming back: a batch waits for them up to this share
+# of the last batch's decoding time, and at most this many seconds. A
+# straggler that misses a batch costs a batch of its own, which decodes
+# far fewer sentences a second than a full one; 32 clients on a busy
+# 2-core machine left 2-3 of 32 behind at every batch with the short wait
+# alone.
+RETURN_WAIT_SHARE = 0.25
+MAX_RETURN_WAIT_SECONDS = 0.2
 
 
 def estimate_tokens(text):
@@ -75,7 +85,10 @@ class Batcher:
             (from the later of its first sentence's arrival, the end of the
             last batch and the last arrival; so that the clients the last
             batch answered join with their next sentences), at most
-            `MAX_WAITS` times this in all.
+            `MAX_WAITS` times this in all; while fewer requests are
+            queued than the last batch answered, up to
+            `RETURN_WAIT_SHARE` of that batch's decoding time (at most
+            `MAX_RETURN_WAIT_SECONDS`).
     """
 
     def __init__(self, metrics, max_batch_tokens=DEFAULT_MAX_BATCH_TOKENS, batch_wait=DEFAULT_BATCH_WAIT_SECONDS):
@@ -88,6 +101,8 @@ class Batcher:
         self._thread = None
         self._last_batch_end = float("-inf")
         self._last_arrival = float("-inf")
+        self._last_batch_requests = 0  # requests the last batch answered
+        self._last_batch_seconds = 0.0
 
     def start(self, load=None):
         """Starts the decoding thread; it first runs `load()` (the models
@@ -168,8 +183,9 @@ class Batcher:
     def _next_batch(self):
         """The next batch: queued sentences of the first one's route, up to
         the token budget, once the budget is full, no sentence has come for
-        `batch_wait`, the batch has waited `MAX_WAITS` x `batch_wait`, or
-        the server is closing. None to stop."""
+        `batch_wait`, the batch has waited `MAX_WAITS` x `batch_wait` (or,
+        while the last batch's clients are coming back, its return wait),
+        or the server is closing. None to stop."""
         with self._condition:
             while not self._items:
                 if self._closing:
@@ -181,10 +197,13 @@ class Batcher:
             # sentences within milliseconds, and join this batch while
             # they keep coming.
             opened = max(first.queued_at, self._last_batch_end)
+            returning = min(RETURN_WAIT_SHARE * self._last_batch_seconds, MAX_RETURN_WAIT_SECONDS)
             while not self._closing:
                 batch, full = self._take(first.route.key, remove=False)
                 deadline = min(opened + MAX_WAITS * self.batch_wait,
                                max(opened, self._last_arrival) + self.batch_wait)
+                if len({id(job) for job, _ in batch}) < self._last_batch_requests:
+                    deadline = max(deadline, opened + returning)
                 left = deadline - time.monotonic()
                 if full or left <= 0:
                     break
@@ -226,12 +245,15 @@ class Batcher:
             self._finish(jobs[0], error)
             return
         self._last_batch_end = time.monotonic()
-        self.metrics.batch_decoded(len(batch), self._last_batch_end - started)
+        self._last_batch_seconds = self._last_batch_end - started
+        self.metrics.batch_decoded(len(batch), self._last_batch_seconds)
         for (job, index), output in zip(batch, outputs):
             job.results[index] = output
             job.remaining -= 1
             if job.remaining == 0:
                 self._finish(job, job.results)
+        # (their clients may send their next sentences at once)
+        self._last_batch_requests = sum(job.remaining == 0 for job in {id(job): job for job, _ in batch}.values())
 
     def _finish(self, job, outcome):
         with self._condition:
