@@ -583,7 +583,7 @@ def test_export_overwrite_keeps_the_users_files_and_says_disk_full(preset, monke
     # TensorFlow subprocess.
     in_process = keras.config.backend() == "tensorflow"
     if in_process:
-        monkeypatch.setattr(export, "_write", _fake_write)
+        monkeypatch.setattr(export, "write_saved_model", _fake_write)
     else:
         monkeypatch.setattr(export, "_write_in_tensorflow_process", _fake_tensorflow_export)
     out = str(tmp_path / "exported")
@@ -605,7 +605,7 @@ def test_export_overwrite_keeps_the_users_files_and_says_disk_full(preset, monke
         def full(*args, **kwargs):
             raise tf.errors.ResourceExhaustedError(None, None, "saved_model.pb; No space left on device")
 
-        monkeypatch.setattr(export, "_write", full)
+        monkeypatch.setattr(export, "write_saved_model", full)
     else:
         # The subprocess's report of a full disk, as it writes it.
         stderr = _child_report(monkeypatch, capsys, OSError(errno.ENOSPC, "No space left on device"))
