@@ -86,7 +86,7 @@ def test_no_layer_shadows_a_torch_module_method():
             if name in torch_names and name not in keras_names:
                 shadowing.append(f"{base.__module__}.{base.__qualname__}.{name}")
     shadowing = sorted(set(shadowing))
-    assert not shadowing, f"These shadow torch.nn.Module's methods, which Keras calls on layers on PyTorch: {shadowing}"
+    assert not shadowing, f"These shadow torch.nn.Module methods, which Keras calls on layers on PyTorch: {shadowing}"
 
 
 def test_overrides_keep_the_kind_of_what_they_override():
