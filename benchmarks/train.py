@@ -165,7 +165,7 @@ def load_data(data_dir, limit, token_ids=None):
     from keras_transformer.models import TransformerTokenizer
 
     sources, targets = multi30k.load("train", "en", "de", data_dir=data_dir)
-    tokenizer = TransformerTokenizer.train(sources + targets, vocabulary_size=CONFIG["vocabulary_size"])
+    tokenizer = TransformerTokenizer.from_texts(sources + targets, vocabulary_size=CONFIG["vocabulary_size"])
     encoder_ids, decoder_ids, _ = tokenize_pairs(sources[:limit], targets[:limit], tokenizer)
     return encoder_ids, decoder_ids
 

@@ -43,7 +43,7 @@ def main():
     sources, targets = multi30k.load("train", "en", "de", data_dir=args.data_dir)
     if args.limit:
         sources, targets = sources[: args.limit], targets[: args.limit]
-    tokenizer = TransformerTokenizer.train(sources + targets, vocabulary_size=8000)
+    tokenizer = TransformerTokenizer.from_texts(sources + targets, vocabulary_size=8000)
 
     # 2. Build and compile the model inside the strategy's scope.
     with strategy.scope():

@@ -55,7 +55,7 @@ def main():
     val_sources, val_targets = multi30k.load("val", "en", "de", data_dir=args.data_dir)
 
     # 1. One vocabulary for both languages.
-    tokenizer = TransformerTokenizer.train(sources + targets, vocabulary_size=8000)
+    tokenizer = TransformerTokenizer.from_texts(sources + targets, vocabulary_size=8000)
 
     # 2. Length-grouped batches under a token budget.
     train = token_budget_batches(sources, targets, tokenizer, max_tokens=4096, max_length=256, seed=0)

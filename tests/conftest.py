@@ -84,4 +84,4 @@ def small_tokenizer(multi30k_train):
     from keras_transformer.models import TransformerTokenizer
 
     sources, targets = multi30k_train
-    return TransformerTokenizer.train(sources[:4000] + targets[:4000], vocabulary_size=1000)
+    return TransformerTokenizer.from_texts(sources[:4000] + targets[:4000], vocabulary_size=1000)

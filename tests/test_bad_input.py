@@ -119,7 +119,7 @@ def test_cli_refuses_infinite_numbers(preset, capsys):
 def test_a_vocabulary_of_another_size_is_refused(preset, multi30k_train):
     _, directory = preset
     sources, targets = multi30k_train
-    other = TransformerTokenizer.train(sources[:2000] + targets[:2000], vocabulary_size=600)
+    other = TransformerTokenizer.from_texts(sources[:2000] + targets[:2000], vocabulary_size=600)
     with open(os.path.join(directory, "assets", "tokenizer", "vocabulary.spm"), "wb") as f:
         f.write(other.proto)
     for cls in (TransformerSeq2SeqLM, TransformerSeq2SeqLMPreprocessor):

@@ -130,6 +130,16 @@ def test_fit_refuses_what_generate_refuses(model):
     for method in (model.evaluate, model.predict):
         with pytest.raises(ValueError, match="Text 0 is not valid UTF-8"):
             method({"encoder_text": [bad], "decoder_text": ["x"]}, verbose=0)
+    # A dataset known to be empty, before Keras runs out of data and fails
+    # on a missing input.
+    import tensorflow as tf
+
+    empty = tf.data.Dataset.from_tensor_slices({"encoder_text": [""], "decoder_text": [""]}).take(0).batch(2)
+    for method in (model.fit, model.evaluate, model.predict):
+        with pytest.raises(ValueError, match=f"^{method.__name__}: the dataset is empty"):
+            method(empty, verbose=0)
+    with pytest.raises(ValueError, match="^fit: validation_data: the dataset is empty"):
+        model.fit({"encoder_text": ["a"], "decoder_text": ["b"]}, epochs=1, verbose=0, validation_data=empty)
 
 
 def test_fit_counts_long_pairs_and_names_the_options(model):

@@ -83,9 +83,9 @@ def test_wordpiece_alternative(multi30k_train):
 
 def test_bad_training_input():
     with pytest.raises(ValueError, match="no non-empty string"):
-        TransformerTokenizer.train(["", "  "], vocabulary_size=300)
+        TransformerTokenizer.from_texts(["", "  "], vocabulary_size=300)
     with pytest.raises(ValueError, match="too small"):
-        TransformerTokenizer.train(["Ein Mann fährt Fahrrad."] * 10, vocabulary_size=50)
+        TransformerTokenizer.from_texts(["Ein Mann fährt Fahrrad."] * 10, vocabulary_size=50)
     with pytest.raises(ValueError, match="Unknown algorithm"):
         train_tokenizer(["text"], 300, algorithm="char")
 

@@ -12,7 +12,7 @@ def save_tiny_preset(directory):
     from keras_transformer.models import TransformerSeq2SeqLMPreprocessor
     from keras_transformer.models import TransformerTokenizer
 
-    tokenizer = TransformerTokenizer.train(tiny_spm.SOURCES + tiny_spm.TARGETS, vocabulary_size=400)
+    tokenizer = TransformerTokenizer.from_texts(tiny_spm.SOURCES + tiny_spm.TARGETS, vocabulary_size=400)
     backbone = TransformerBackbone(
         tokenizer.vocabulary_size(), num_layers=1, d_model=16, d_ff=32, num_heads=2, dropout=0.0,
         max_sequence_length=32,

@@ -26,6 +26,7 @@ def check_in_memory(preprocessor, x, y, method, what=None, long_pairs="error"):
     """
     if x is None and what is None:
         raise ValueError(f"{method}: no data: give x, a dict with 'encoder_text' and 'decoder_text' (or a dataset).")
+    _check_not_empty_dataset(x, method, what)
     check_inputs = getattr(preprocessor, "check_inputs", None)
     if check_inputs is None or not isinstance(x, (*IN_MEMORY, str)):
         return x, None
@@ -38,6 +39,18 @@ def check_in_memory(preprocessor, x, y, method, what=None, long_pairs="error"):
         to_translate = method != "fit" and not isinstance(x, dict) and y is None
         hint = " To translate sources, call generate(sources)." if to_translate else ""
         raise type(error)(f"{method}: {what + ': ' if what else ''}{error}{hint}") from None
+
+
+def _check_not_empty_dataset(x, method, what):
+    """Refuses a `tf.data.Dataset` known to hold no batch (cardinality 0;
+    an unknown cardinality passes): Keras would warn that it ran out of data
+    and then fail on a missing input."""
+    cardinality = getattr(x, "cardinality", None)
+    if callable(cardinality) and type(x).__module__.startswith("tensorflow") and int(cardinality()) == 0:
+        raise ValueError(
+            f"{method}: {what + ': ' if what else ''}the dataset is empty (it holds no batch): "
+            "give at least one sentence pair."
+        )
 
 
 def fit_data(preprocessor, x, y, batch_size, sample_weight, validation_data, validation_split, shuffle, long_pairs,

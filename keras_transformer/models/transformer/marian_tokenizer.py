@@ -127,8 +127,11 @@ class MarianTokenizer(PresetIO, keras_hub.tokenizers.Tokenizer):
         super().__init__(**kwargs)
         self.source_start_token = source_start_token
         self.file_assets = [SOURCE_SPM, TARGET_SPM, VOCABULARY_JSON]
-        self.source_spm = self.target_spm = self.vocabulary = None
+        # The attributes `set_vocabulary` sets, so that a tokenizer built
+        # from its config (whose vocabulary comes with its assets) has them.
+        self.source_spm = self.target_spm = self.vocabulary = self._pieces = None
         self.pad_token_id = self.unk_token_id = self.end_token_id = self.start_token_id = None
+        self.pad_token = self.end_token = self.start_token = None
         self.source_start_token_id = None
         self._graph = None
         if source_spm is not None or target_spm is not None or vocabulary is not None:

@@ -53,7 +53,7 @@ class TransformerSeq2SeqLM(EnsembleMembers, PresetIO, keras_hub.models.Seq2SeqLM
     Example:
 
     ```python
-    tokenizer = TransformerTokenizer.train(sources + targets, 8000)
+    tokenizer = TransformerTokenizer.from_texts(sources + targets, 8000)
     preprocessor = TransformerSeq2SeqLMPreprocessor(tokenizer)
     backbone = TransformerBackbone(tokenizer.vocabulary_size(), num_layers=3,
                                    d_model=256, d_ff=1024, num_heads=4)

@@ -49,8 +49,8 @@ class TransformerTokenizer(PresetIO, keras_hub.tokenizers.SentencePieceTokenizer
     """A SentencePiece tokenizer with the Transformer's special tokens.
 
     `<pad>` is id 0, `<unk>` 1, `<s>` (start) 2 and `</s>` (end) 3. Train
-    one with `TransformerTokenizer.train` or `train_tokenizer`, save it with
-    the model's preset, and use it inside `tf.data` on any backend.
+    one with `TransformerTokenizer.from_texts` or `train_tokenizer`, save it
+    with the model's preset, and use it inside `tf.data` on any backend.
 
     Note: create tokenizers after `keras.utils.set_random_seed` (or
     `tf.random.set_seed`), not before: setting TensorFlow's seed clears the
@@ -66,7 +66,7 @@ class TransformerTokenizer(PresetIO, keras_hub.tokenizers.SentencePieceTokenizer
 
     Example:
 
-    >>> tokenizer = TransformerTokenizer.train(
+    >>> tokenizer = TransformerTokenizer.from_texts(
     ...     ["Ein Mann fährt Fahrrad.", "A man rides a bicycle."] * 50,
     ...     vocabulary_size=300,
     ... )
@@ -112,8 +112,12 @@ class TransformerTokenizer(PresetIO, keras_hub.tokenizers.SentencePieceTokenizer
         return texts if batched else texts[0]
 
     @classmethod
-    def train(cls, texts, vocabulary_size=8000, model_type="bpe", max_sentences=2_000_000, **kwargs):
-        """Trains a SentencePiece vocabulary on `texts`.
+    def from_texts(cls, texts, vocabulary_size=8000, model_type="bpe", max_sentences=2_000_000, **kwargs):
+        """A tokenizer whose SentencePiece vocabulary is trained on `texts`.
+
+        Named `from_texts`, not `train`: a layer's `train` would shadow
+        `torch.nn.Module.train`, which Keras' `fit` calls on every sublayer
+        on PyTorch (`train_tokenizer` is the function form).
 
         Uses the `sentencepiece` trainer directly rather than keras-hub's
         `compute_sentence_piece_proto`, which cannot set the special token
@@ -215,8 +219,9 @@ class TransformerWordPieceTokenizer(PresetIO, keras_hub.tokenizers.WordPieceToke
         super().__init__(vocabulary=vocabulary, **kwargs)
 
     @classmethod
-    def train(cls, texts, vocabulary_size=8000, **kwargs):
-        """Trains a WordPiece vocabulary with keras-hub's trainer."""
+    def from_texts(cls, texts, vocabulary_size=8000, **kwargs):
+        """A tokenizer whose WordPiece vocabulary is trained on `texts` with
+        keras-hub's trainer (`compute_word_piece_vocabulary`)."""
         texts = [t for t in texts if t and t.strip()]
         if not texts:
             raise ValueError("Cannot train a tokenizer on no text: `texts` holds no non-empty string.")
@@ -246,5 +251,5 @@ def train_tokenizer(texts, vocabulary_size=8000, algorithm="bpe", **kwargs):
     if algorithm not in ALGORITHMS:
         raise ValueError(f"Unknown algorithm {algorithm!r}; expected one of {ALGORITHMS}.")
     if algorithm == "wordpiece":
-        return TransformerWordPieceTokenizer.train(texts, vocabulary_size, **kwargs)
-    return TransformerTokenizer.train(texts, vocabulary_size, model_type=algorithm, **kwargs)
+        return TransformerWordPieceTokenizer.from_texts(texts, vocabulary_size, **kwargs)
+    return TransformerTokenizer.from_texts(texts, vocabulary_size, model_type=algorithm, **kwargs)
