@@ -23,7 +23,8 @@ as PyTorch's compiler expects when it lists libraries to skip.
 
 Keras itself imports JAX (for its Orbax checkpoint callback) and
 matplotlib (for its image gallery) on every backend, if installed, and
-goes on without them if not. On PyTorch a translation uses neither: the
+goes on without them if not; keras-hub imports grain (a data loader, which
+imports JAX) the same way. On PyTorch a translation uses neither: the
 command leaves both out too (`skip_jax_and_matplotlib`), when
 `KERAS_BACKEND=torch` says so before Keras is imported (a backend chosen in
 `keras.json` is only known once Keras is).
@@ -36,8 +37,10 @@ import sys
 
 # The modules kept out: TensorFlow and the tensorflow-text ops.
 MODULES = ("tensorflow", "tensorflow_text")
-# What Keras imports on the PyTorch backend without using it there.
-UNUSED_ON_TORCH = ("jax", "jaxlib", "matplotlib")
+# What Keras and keras-hub import on the PyTorch backend without using it
+# there (keras-hub's optional data loader, grain, would import JAX's
+# profiler).
+UNUSED_ON_TORCH = ("jax", "jaxlib", "matplotlib", "grain")
 # Set to "0" (or "off") to import TensorFlow (and JAX, matplotlib) as before.
 ENVIRONMENT_VARIABLE = "KERAS_TRANSFORMER_WITHOUT_TENSORFLOW"
 
