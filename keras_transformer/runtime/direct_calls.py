@@ -11,7 +11,10 @@ took longer than the arithmetic: with direct calls, PyTorch translates one
 sentence at a time (beam 4) 1.95x as fast, and 64 at a time 1.44x
 (docs/benchmarks.md); a training step whose arithmetic is small takes
 0.65-0.67x the time in float32 and 0.73-0.77x in mixed precision
-(`benchmarks/step_overhead.py`).
+(`benchmarks/step_overhead.py`). `torch.compile` (PyTorch 2.13) does not
+replace them: the Keras layer calls compiled broke into 40 graphs and ran
+one sentence's step 12-23x slower than these calls, after 1.3-2.5 minutes
+of compiling (`benchmarks/decoding_step.py --compile`, docs/benchmarks.md).
 
 Inside `direct_calls()`, the layers of this package (and the Keras layers
 they hold, from the subclasses below) run `call` directly, or
