@@ -38,7 +38,7 @@ SHAPES = {
 MODES = ("float32", "bfloat16", "bfloat16+int8")
 
 
-def _rss(field="VmRSS"):
+def resident(field="VmRSS"):
     """The process's resident memory (`VmHWM`: its peak so far), bytes."""
     with open("/proc/self/status") as f:
         return next(int(line.split()[1]) * 1024 for line in f if line.startswith(field + ":"))
@@ -51,16 +51,16 @@ def probe(directory, warm_up, mode="float32"):
     from keras_transformer.models import TransformerSeq2SeqLM
 
     TransformerSeq2SeqLM.from_preset(warm_up)
-    before = _rss()
+    before = resident()
     start = time.perf_counter()
     dtype = mode.split("+")[0]
     model = TransformerSeq2SeqLM.from_preset(directory, **({} if dtype == "float32" else {"dtype": dtype}))
     if mode.endswith("int8"):
         model.quantize("int8")
     seconds = time.perf_counter() - start
-    peak = _rss("VmHWM")
+    peak = resident("VmHWM")
     size = 4 * sum(int(np.prod(v.shape)) for v in model.backbone.weights if not v.path.endswith("scale"))
-    return {"mode": mode, "float32_bytes": size, "peak": (peak - before) / size, "held": (_rss() - before) / size,
+    return {"mode": mode, "float32_bytes": size, "peak": (peak - before) / size, "held": (resident() - before) / size,
             "seconds": round(seconds, 2)}
 
 
