@@ -17,6 +17,7 @@ from keras_transformer.utils import locks
 from keras_transformer.utils.locks import DirectoryInUseError
 
 from helpers import directory_contents
+from helpers import once
 from tiny_preset import save_tiny_preset
 
 
@@ -125,3 +126,30 @@ def test_convert_into_a_free_directory_still_works(tiny, tmp_path):
     cli.main(["convert", marian, str(tmp_path / "converted")])
     assert os.path.isfile(tmp_path / "converted" / "config.json")
     assert locks.holder(tmp_path / "converted") is None
+
+
+@once
+def test_two_train_runs_started_together_leave_one_whole_run(tmp_path, multi30k_dir):
+    """Two real `train` processes with the same settings and one
+    `--output-dir`, started together: one trains and saves its model, the
+    other stops at once with the winner's process id, and the run
+    directory holds the winner's run alone (one history line an epoch)."""
+    run = tmp_path / "run"
+    command = [sys.executable, "-m", "keras_transformer.cli", "train", "--output-dir", str(run),
+               "--data-dir", multi30k_dir, "--config", "tiny", "--vocabulary-size", "400", "--max-tokens", "512",
+               "--pad-to-multiple-of", "96", "--epochs", "2", "--warmup-steps", "10", "--bleu-sentences", "0",
+               "--limit", "100"]
+    environment = {**os.environ, "KERAS_BACKEND": "torch"}
+    processes = [subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                  env=environment) for _ in range(2)]
+    results = [(process.pid, process.wait(600), process.stderr.read()) for process in processes]
+    for process in processes:
+        process.stdout.close()
+        process.stderr.close()
+    (winner, _, _), = [result for result in results if result[1] == 0]
+    (loser, status, error), = [result for result in results if result[1] != 0]
+    assert status == 1 and f"is being written by process {winner} (train)" in error, error
+    assert os.path.isdir(run / "model")
+    with open(run / "history.csv") as f:
+        epochs = [line.split(",")[0] for line in f.read().splitlines()[1:]]
+    assert epochs == ["0", "1"]
