@@ -2,8 +2,9 @@
 lock (`keras_transformer.utils.locks`), a second writer gets an error that
 names the holder's process id and changes nothing of the holder's, and a
 lock left by a killed process never blocks. The holders here are other
-processes that hold a directory's lock as the commands do; the second
-writers are the commands themselves."""
+processes that hold a directory's lock as the commands do, the second
+writers the commands themselves; and two real `train` runs race for one
+directory."""
 
 import os
 import signal
