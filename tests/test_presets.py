@@ -261,6 +261,13 @@ def test_cli_translate_and_presets(saved, capsys, tmp_path):
     cli.main(["translate", "--preset", directory, "--beam-size", "1", "-i", str(source_file), "-o", str(output)])
     translations = output.read_text(encoding="utf-8").split("\n")
     assert len(translations) == 4 and translations[2:] == [greedy[2], ""]
+
+
+@once  # (the command line's checks, the same on every backend)
+def test_cli_translate_refuses_bad_input_and_lists_presets(saved, capsys, tmp_path):
+    _, directory = saved
+    source_file = tmp_path / "in.txt"
+    source_file.write_text("\n".join(SOURCES) + "\n", encoding="utf-8")
     # An output that cannot be written fails before any translating.
     with pytest.raises(SystemExit, match="error: Cannot write .* does not exist"):
         cli.main(["translate", "--preset", directory, "-i", str(source_file), "-o", str(tmp_path / "no" / "out.txt")])
