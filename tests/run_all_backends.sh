@@ -28,30 +28,33 @@ fi
 export XLA_FLAGS="${XLA_FLAGS:-} --xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true"
 # A test that hangs fails after $TEST_TIMEOUT seconds (default: 15 min;
 # the slowest test takes about 4 min on 2 cores), printing every thread's
-# stack; a test process that crashes fails its test, and its file's other
-# tests run in a new process. Where tests failed (and only then: not where
-# the run stopped, after $BACKEND_TIMEOUT seconds, default 30 min, or was
-# interrupted), they run once more, in one process, and the backend passes
-# only if they all pass then: a native library's crash that does not come
-# back (TensorFlow's run once died of a segmentation fault in an eager op
-# that passed in every other run) does not fail the run; a test that fails
-# twice does. Each failure is printed either way.
+# stack. A test process that crashes fails its test and stops the run
+# (--max-worker-restart 0: pytest-xdist can hang for good on replacing a
+# crashed process under --dist loadfile). Where tests failed or the run
+# stopped so (exit status 1; not where it timed out, after
+# $BACKEND_TIMEOUT seconds, default 30 min, or was interrupted), every test
+# that did not pass or skip runs once more, in one process (the root
+# conftest.py keeps the list), and the backend passes only if they all pass
+# then: a native library's crash that does not come back (TensorFlow's run
+# died of a segmentation fault in compiled decoding in two runs out of many)
+# does not fail the run; a test that fails twice does. Each failure is
+# printed either way.
 cache_root="$(mktemp -d)"
 trap 'rm -rf "$cache_root" ${KERAS_TRANSFORMER_TEST_CACHE_MADE:+"$KERAS_TRANSFORMER_TEST_CACHE"}' EXIT
 for backend in ${BACKENDS:-jax tensorflow torch}; do
     echo "=== KERAS_BACKEND=$backend ==="
     options=(-q -o "cache_dir=$cache_root/$backend" --timeout "${TEST_TIMEOUT:-900}")
     status=0
-    KERAS_BACKEND=$backend timeout --signal=INT "${BACKEND_TIMEOUT:-1800}" python -m pytest "${options[@]}" \
-        -n "${TEST_WORKERS:-2}" --dist loadfile --durations=15 tests keras_transformer "$@" || status=$?
+    done_list="$cache_root/$backend.done"
+    KERAS_TRANSFORMER_TESTS_DONE="$done_list" KERAS_BACKEND=$backend timeout --signal=INT "${BACKEND_TIMEOUT:-1800}" \
+        python -m pytest "${options[@]}" -n "${TEST_WORKERS:-2}" --dist loadfile --max-worker-restart 0 \
+        --durations=15 tests keras_transformer "$@" || status=$?
     if [ "$status" -eq 1 ]; then
-        echo "=== KERAS_BACKEND=$backend: the tests that failed, once more ==="
+        echo "=== KERAS_BACKEND=$backend: the tests that failed or did not run, once more ==="
         status=0
-        KERAS_BACKEND=$backend python -m pytest "${options[@]}" --last-failed --last-failed-no-failures none \
-            tests keras_transformer "$@" || status=$?
-        # (5: none left to run: each failed test passed when its file's
-        # tests ran again in a new process after a crash, in the same run.)
-        [ "$status" -eq 5 ] && status=0
+        KERAS_TRANSFORMER_SKIP_DONE="$done_list" KERAS_BACKEND=$backend python -m pytest "${options[@]}" \
+            --durations=15 tests keras_transformer "$@" || status=$?
+        [ "$status" -eq 5 ] && status=0  # (none left: cannot happen after a failure, but not a failure)
     fi
     [ "$status" -eq 0 ] || exit "$status"
 done
