@@ -22,8 +22,10 @@ SKIP_DONE = os.environ.get("KERAS_TRANSFORMER_SKIP_DONE")
 
 
 def pytest_runtest_logreport(report):
+    # (Written by the process that runs the session: pytest-xdist's
+    # controller gets every worker's reports, so its workers write nothing.)
     finished = report.skipped or (report.when == "call" and report.passed)
-    if DONE and finished:
+    if DONE and finished and "PYTEST_XDIST_WORKER" not in os.environ:
         with open(DONE, "a", encoding="utf-8") as f:
             f.write(report.nodeid + "\n")
 
