@@ -247,6 +247,77 @@ def test_other_routes_and_methods_are_json_errors(server):
     assert server.request("GET", "/health")[0] == 200  # still serving
 
 
+@once
+def test_translate_answers_carry_cors_headers_and_the_schema_documents_it(server, expected):
+    """`POST /translate` (on its fast path past FastAPI's routing) answers
+    pages of other origins as the other routes do, and /docs' schema
+    still lists it."""
+    def raw(method, path, body=None, headers=()):
+        connection = http.client.HTTPConnection(server.host, server.port, timeout=120)
+        try:
+            connection.request(method, path, body=body, headers={"Origin": "http://example.org", **dict(headers)})
+            response = connection.getresponse()
+            return response.status, dict(response.getheaders()), response.read()
+        finally:
+            connection.close()
+
+    body = json.dumps({"q": SENTENCES[8], "source": "en", "target": "de"})
+    for path, method, data in (("/translate", "POST", body), ("/translate", "POST", "{not json"),
+                               ("/health", "GET", None)):
+        status, headers, _ = raw(method, path, data, {"Content-Type": "application/json"})
+        assert status in (200, 400) and headers.get("access-control-allow-origin") == "*", (path, data, headers)
+    status, headers, answer = raw("POST", "/translate", body, {"Content-Type": "application/json"})
+    assert json.loads(answer) == {"translatedText": expected(SENTENCES[8])}
+    status, headers, _ = raw("OPTIONS", "/translate", None, {"Access-Control-Request-Method": "POST"})
+    assert status == 200 and "POST" in headers.get("access-control-allow-methods", "")
+    status, schema = server.request("GET", "/openapi.json")
+    assert status == 200 and "post" in schema["paths"]["/translate"]
+
+
+@once
+def test_the_fast_path_answers_errors_as_the_other_routes_do():
+    """`TranslateFastPath`, driven as uvicorn drives it: its handler's
+    dict as JSON, an `ApiError` as its status, anything else a 500 that
+    names it (no traceback), and every other request handed on."""
+    import asyncio
+
+    from keras_transformer.serving.translate_route import TranslateFastPath
+
+    def call(application, method, path):
+        sent = []
+
+        async def receive():
+            return {"type": "http.request", "body": b"{}", "more_body": False}
+
+        async def send(message):
+            sent.append(message)
+
+        scope = {"type": "http", "method": method, "path": path, "headers": [], "query_string": b""}
+        asyncio.run(application(scope, receive, send))
+        status = next(m["status"] for m in sent if m["type"] == "http.response.start")
+        return status, json.loads(b"".join(m.get("body", b"") for m in sent if m["type"] == "http.response.body"))
+
+    async def other(scope, receive, send):
+        await send({"type": "http.response.start", "status": 204, "headers": []})
+        await send({"type": "http.response.body", "body": b'"other"'})
+
+    def handler(outcome):
+        async def translate(request):
+            if isinstance(outcome, Exception):
+                raise outcome
+            return outcome
+        return translate
+
+    assert call(TranslateFastPath(other, handler({"translatedText": "Hallo"})), "POST", "/translate") == (
+        200, {"translatedText": "Hallo"})
+    assert call(TranslateFastPath(other, handler(ApiError(413, "too long"))), "POST", "/translate") == (
+        413, {"error": "too long"})
+    assert call(TranslateFastPath(other, handler(KeyError("lost"))), "POST", "/translate") == (
+        500, {"error": "Internal error: KeyError: 'lost'"})
+    for method, path in (("GET", "/translate"), ("POST", "/translate/"), ("POST", "/health")):
+        assert call(TranslateFastPath(other, handler(KeyError("never"))), method, path) == (204, "other")
+
+
 @once  # (each backend's batched decoding in the server's thread: test_translate_one_text_and_a_list)
 def test_concurrent_requests_are_decoded_together(server, expected):
     """32 clients at once: each gets generate's translation of its sentence,
@@ -413,12 +484,7 @@ def test_a_batch_waits_for_the_clients_the_last_batch_answered():
     # after its answer: further apart than the batch's short wait (5 ms),
     # within a quarter of a batch's 0.8 s. Every batch after the first holds
     # all four; with the short wait alone, each client's sentence went alone.
-    class Slow(FakeModel):
-        def generate(self, texts, **kwargs):
-            time.sleep(0.8)
-            return super().generate(texts, **kwargs)
-
-    model, outcomes = Slow(), {}
+    model, outcomes = Slow(0.8), {}
     route = FakeRoute("a", model)
     batcher = Batcher(Metrics(), batch_wait=0.005)
     batcher.start()
@@ -435,6 +501,69 @@ def test_a_batch_waits_for_the_clients_the_last_batch_answered():
     batcher.close(timeout=30)
     sizes = [len(texts) for texts, _ in model.calls]
     assert sum(sizes) == 16 and sizes[1:] == [4] * (len(sizes) - 1), sizes
+
+
+class Slow(FakeModel):
+    """A model whose `generate` takes `seconds`; `decoding` is set once it
+    has begun."""
+
+    def __init__(self, seconds):
+        super().__init__()
+        self.seconds, self.decoding = seconds, threading.Event()
+
+    def generate(self, texts, **kwargs):
+        self.decoding.set()
+        time.sleep(self.seconds)
+        return super().generate(texts, **kwargs)
+
+
+@once
+def test_the_clients_queued_and_those_answered_make_one_batch():
+    # Eight clients, each sending its next sentence 20 ms after its answer.
+    # The first batch holds the four that came first; the other four queue
+    # while it decodes. The next batch waits for the four it answered and
+    # holds all eight; were the four queued enough to start it, the clients
+    # would take turns in batches of four.
+    model, outcomes = Slow(0.3), {}
+    route = FakeRoute("a", model)
+    batcher = Batcher(Metrics(), batch_wait=0.005)
+    batcher.start()
+
+    def client(number):
+        if number >= 4:
+            assert model.decoding.wait(30)
+        for round_ in range(3):
+            job = _job(route, [f"c{number}r{round_}"], outcomes)
+            batcher.submit(job)
+            assert job.answered.wait(30)
+            time.sleep(0.02)
+
+    with concurrent.futures.ThreadPoolExecutor(8) as pool:
+        list(pool.map(client, range(8)))
+    batcher.close(timeout=30)
+    sizes = [len(texts) for texts, _ in model.calls]
+    assert sizes[:3] == [4, 8, 8], sizes
+
+
+@once
+def test_a_batch_starts_at_once_when_the_clients_it_waits_for_are_back():
+    # One client, sending its next sentence as soon as it has its answer:
+    # with a long batch_wait (1 s), only its first sentence waits for
+    # others; the next go at once (the client the last batch answered is
+    # back).
+    model, outcomes = Slow(0.01), {}
+    route = FakeRoute("a", model)
+    batcher = Batcher(Metrics(), batch_wait=1.0)
+    batcher.start()
+    seconds = []
+    for round_ in range(3):
+        job = _job(route, [f"r{round_}"], outcomes)
+        started = time.monotonic()
+        batcher.submit(job)
+        assert job.answered.wait(30)
+        seconds.append(time.monotonic() - started)
+    batcher.close(timeout=30)
+    assert seconds[0] >= 1.0 and max(seconds[1:]) < 0.5, seconds
 
 
 @once

@@ -6,7 +6,8 @@ some state per thread): it loads them, then takes the queued sentences of
 one route (model and languages), waits a few milliseconds for more while
 they keep coming and the batch is under its token budget, and longer
 while the clients that the last batch answered are coming back with their
-next sentences (up to a share of that batch's decoding time), calls
+next sentences (up to a share of that batch's decoding time; not at all
+once they are all back), calls
 `generate` once for all of them, and hands each request its translations
 through its event loop (`loop.call_soon_threadsafe`). While it decodes,
 new requests queue, so that under load each batch holds what arrived
@@ -88,7 +89,7 @@ class Batcher:
             `MAX_WAITS` times this in all; while fewer requests are
             queued than the last batch answered, up to
             `RETURN_WAIT_SHARE` of that batch's decoding time (at most
-            `MAX_RETURN_WAIT_SECONDS`).
+            `MAX_RETURN_WAIT_SECONDS`); once as many are queued, none.
     """
 
     def __init__(self, metrics, max_batch_tokens=DEFAULT_MAX_BATCH_TOKENS, batch_wait=DEFAULT_BATCH_WAIT_SECONDS):
@@ -202,8 +203,17 @@ class Batcher:
                 batch, full = self._take(first.route.key, remove=False)
                 deadline = min(opened + MAX_WAITS * self.batch_wait,
                                max(opened, self._last_arrival) + self.batch_wait)
-                if len({id(job) for job, _ in batch}) < self._last_batch_requests:
+                # Requests that came since the last batch ended: those of
+                # the clients it answered (the others had queued while it
+                # decoded: counting them, two halves of the clients would
+                # take turns in batches of half the size).
+                returned = len({id(job) for job, _ in batch if job.queued_at >= self._last_batch_end})
+                if returned < self._last_batch_requests:
                     deadline = max(deadline, opened + returning)
+                elif self._last_batch_requests:
+                    # They are all back: a client that comes now goes in
+                    # the next batch.
+                    deadline = opened
                 left = deadline - time.monotonic()
                 if full or left <= 0:
                     break

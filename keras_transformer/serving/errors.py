@@ -49,5 +49,11 @@ def install_error_handlers(app):
 
     @app.exception_handler(Exception)
     async def unexpected_error(request, error):
-        logger.error("%s %s failed", request.method, request.url.path, exc_info=error)
-        return error_response(500, f"Internal error: {type(error).__name__}: {error}")
+        return internal_error(request.method, request.url.path, error)
+
+
+def internal_error(method, path, error):
+    """The answer to an unexpected `error`: logged here with its
+    traceback, a 500 naming it for the client."""
+    logger.error("%s %s failed", method, path, exc_info=error)
+    return error_response(500, f"Internal error: {type(error).__name__}: {error}")
