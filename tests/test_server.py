@@ -2,8 +2,9 @@
 dynamic batching, a client that leaves, SIGTERM, and the page in a
 headless Chromium.
 
-One server process for the module (the shipped en-de preset, its first
-model, greedy), started on a free port and driven with `http.client`; its
+One server process for the module (the shipped en-de preset's first
+model, greedy, also served as fr-de, and the de-en one's), started on a
+free port and driven with `http.client`; its
 translations are compared with `generate` in this process, one sentence
 at a time. The module's last test stops it with SIGTERM. The parts that
 need no model (the registry, the batcher, a request's checks) are tested
@@ -40,6 +41,7 @@ from keras_transformer.serving.translate_request import body_fields
 from keras_transformer.serving.translate_request import check_request
 
 PRESET = "transformer_multi30k_en_de"
+REVERSE = "transformer_multi30k_de_en"
 SENTENCES = [
     "A man is riding a bicycle.",
     "Two dogs play in the snow.",
@@ -110,7 +112,8 @@ def server():
     pytest.importorskip("fastapi", reason='needs FastAPI and uvicorn: pip install "keras-aiayn[serve]"')
     pytest.importorskip("uvicorn", reason='needs FastAPI and uvicorn: pip install "keras-aiayn[serve]"')
     command = [
-        sys.executable, "-m", "keras_transformer.cli", "serve", "--preset", PRESET, "--first-model-only",
+        sys.executable, "-m", "keras_transformer.cli", "serve", "--preset", PRESET, "--preset", f"{PRESET}=fr-de",
+        "--preset", f"{REVERSE}", "--first-model-only",
         "--beam-size", "1", "--port", "0", "--batch-wait-ms", "20", "--max-request-chars", str(MAX_CHARS),
         "--max-sentences", str(MAX_SENTENCES), "--no-access-log",
     ]
@@ -192,9 +195,19 @@ def test_form_bodies_and_source_auto(server, expected):
         "POST", "/translate", form, {"Content-Type": "application/x-www-form-urlencoded"}
     )
     assert status == 200
-    # The one source served into German, named as LibreTranslate names a detected one.
-    assert answer == {"translatedText": expected(SENTENCES[4]),
-                      "detectedLanguage": {"confidence": 100.0, "language": "en"}}
+    # German is served from English and (the same model, as `=fr-de`) from
+    # French: the sentence's language is detected, and named as
+    # LibreTranslate names it.
+    detected = answer.pop("detectedLanguage")
+    assert answer == {"translatedText": expected(SENTENCES[4])}
+    assert detected["language"] == "en" and 50 < detected["confidence"] <= 100, detected
+    french = ["Un homme fait du vélo dans la rue.", "Deux chiens jouent dans la neige."]
+    status, answer = server.request("POST", "/translate", {"q": french, "source": "AUTO", "target": "de"})
+    assert status == 200 and [d["language"] for d in answer["detectedLanguage"]] == ["fr", "fr"], answer
+    assert answer["translatedText"] == [expected(text) for text in french]  # (the en-de model, served as fr-de)
+    # German is served from one language only: no detection needed.
+    status, answer = server.request("POST", "/translate", {"q": "Ein Hund.", "target": "en"})
+    assert (status, answer["detectedLanguage"]) == (200, {"confidence": 100.0, "language": "de"}), answer
 
 
 @once
@@ -203,7 +216,7 @@ def test_languages_health_and_metrics(server):
     assert status == 200
     assert {"code": "en", "name": "English", "targets": ["de"]} in languages
     assert server.request("GET", "/health") == (
-        200, {"status": "ok", "models": [PRESET], "pairs": ["en-de"]}
+        200, {"status": "ok", "models": [PRESET, PRESET, REVERSE], "pairs": ["en-de", "fr-de", "de-en"]}
     )
     server.translate(SENTENCES[5])
     metrics = server.metrics()
@@ -226,8 +239,8 @@ def test_languages_health_and_metrics(server):
         ({"q": "A dog.", "source": "en", "target": ["de"]}, None, 422, "target must be a string"),
         ({"q": "A dog.", "source": "en", "target": "de", "format": "pdf"}, None, 400, "'pdf' format"),
         ({"q": "A dog.", "source": "en", "target": "fr"}, None, 400,
-         "en-fr is not served: this server translates en-de"),
-        ({"q": "A dog.", "source": "de", "target": "en"}, None, 400, "de-en is not served"),
+         "en-fr is not served: this server translates en-de, fr-de, de-en"),
+        ({"q": "A dog.", "source": "cs", "target": "en"}, None, 400, "cs-en is not served"),
         ({"q": "x" * (MAX_CHARS + 1), "source": "en", "target": "de"}, None, 413, f"limit of {MAX_CHARS} characters"),
         ({"q": ["A dog."] * (MAX_SENTENCES + 1), "source": "en", "target": "de"}, None, 413,
          f"limit of {MAX_SENTENCES} texts"),
@@ -388,7 +401,8 @@ def test_registry_serves_each_pair_from_the_first_preset_that_has_it():
     assert (route.served, route.source_language, route.target_language) == (opus, None, ">>es<<")
     assert registry.route("auto", "es").pair == ("en", "es")
     assert registry.route(None, "es").pair == ("en", "es")
-    with pytest.raises(UnknownPair, match="source 'auto' .* served from en, fr"):
+    assert registry.needs_detection()  # (de from en and fr)
+    with pytest.raises(UnknownPair, match=r"served from en, fr, needs language detection \(py3langid"):
         registry.route("auto", "de")
     with pytest.raises(UnknownPair, match="xx-de is not served: this server translates en-de, "):
         registry.route("xx", "de")
@@ -402,6 +416,39 @@ def test_registry_serves_each_pair_from_the_first_preset_that_has_it():
     assert bilingual.model.calls[-1] == (["c"], {"batch_size": 1, "verbose": 0, "sampler": "greedy"})
     with pytest.raises(ValueError, match="names no languages .* as runs/x=en-de"):
         Registry([ServedModel("runs/x", FakeModel(), {}, None)])
+
+
+@once
+def test_source_auto_is_the_served_source_the_text_is_in():
+    pytest.importorskip("py3langid", reason='needs py3langid: pip install "keras-aiayn[serve]"')
+    from keras_transformer.serving.language_detection import LanguageDetector
+
+    m2m = ServedModel("m2m", FakeModel(["__en__", "__de__", "__fr__", "__cs__"]), {}, None)
+    registry = Registry([m2m], detector=LanguageDetector())
+    # py3langid's own answer among the three sources, renormalized.
+    from py3langid.langid import MODEL_FILE
+    from py3langid.langid import LanguageIdentifier
+
+    reference = LanguageIdentifier.from_model_file(MODEL_FILE, norm_probs=True)
+    reference.set_languages(["cs", "en", "fr"])
+    for text, language in (("Un homme fait du vélo dans la rue.", "fr"), ("A man rides a bicycle down the street.",
+                           "en"), ("Muž jede na kole po ulici.", "cs")):
+        source, confidence = registry.detect_source("de", text)
+        assert source == language == reference.classify(text)[0]
+        assert confidence == pytest.approx(100 * reference.classify(text)[1], abs=0.01)
+        assert registry.route("auto", "de", text).pair == (language, "de")
+    # A target served from one source needs no detection.
+    one = Registry([ServedModel("en-de", FakeModel(), {}, ("en", "de"))], detector=LanguageDetector())
+    assert not one.needs_detection() and one.detect_source("de", "Un homme.") == ("en", 100.0)
+    with pytest.raises(UnknownPair, match="no model translates into 'es'"):
+        registry.detect_source("es", "Hola.")
+    nllb = Registry([ServedModel("nllb", FakeModel(["ace_Arab", "ace_Latn", "deu_Latn"]), {}, None)],
+                    detector=LanguageDetector())
+    with pytest.raises(UnknownPair, match=r"knows none of its sources \(ace_Arab, ace_Latn\)"):
+        nllb.route("auto", "de", "Dua anjing.")
+    # The model's own codes, in any case.
+    assert nllb.route("ACE_arab", "de").source_language == "ace_Arab"
+    assert nllb.route("de", "ace_Latn").target_language == "ace_Latn"
 
 
 class FakeRoute:
@@ -640,6 +687,7 @@ def test_the_page_translates_in_a_browser(server, expected):
     webdriver = pytest.importorskip("selenium.webdriver", reason="needs selenium (pip install selenium)")
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support import expected_conditions
+    from selenium.webdriver.support.ui import Select
     from selenium.webdriver.support.ui import WebDriverWait
 
     options = webdriver.ChromeOptions()
@@ -653,7 +701,9 @@ def test_the_page_translates_in_a_browser(server, expected):
         browser.get(f"http://{server.host}:{server.port}/")
         wait = WebDriverWait(browser, 60)
         wait.until(expected_conditions.element_to_be_clickable((By.ID, "translate")))
-        assert browser.find_element(By.ID, "source").get_attribute("value") == "en"
+        sources = Select(browser.find_element(By.ID, "source"))
+        assert [option.get_attribute("value") for option in sources.options] == ["de", "en", "fr"]
+        sources.select_by_value("en")  # (its targets fill the other picker)
         assert browser.find_element(By.ID, "target").get_attribute("value") == "de"
         browser.find_element(By.ID, "source-text").send_keys(SENTENCES[2])
         browser.find_element(By.ID, "translate").click()

@@ -120,6 +120,7 @@ def load_registry(args):
     (compiled where the backend compiles), in the thread that decodes."""
     from keras_transformer import presets
     from keras_transformer.models import TransformerSeq2SeqLM
+    from keras_transformer.serving.language_detection import load_detector
     from keras_transformer.serving.registry import Registry
     from keras_transformer.serving.registry import ServedModel
     from keras_transformer.serving.registry import metadata_pair
@@ -140,6 +141,8 @@ def load_registry(args):
         pair = pair or metadata_pair(presets.preset_metadata(name))
         served.append(ServedModel(name, model, decoding_settings(args), pair))
     registry = Registry(served)
+    if registry.needs_detection():  # (source "auto" into a target served from several sources)
+        registry.detector = load_detector()
     for route in registry.first_routes():
         route.generate(["A warm-up."])
     return registry

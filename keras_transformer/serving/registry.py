@@ -10,8 +10,9 @@ tokens its source (metadata or `NAME=SRC-...`) into each of its targets.
 Languages go by their ISO 639-1 code where the model's own code names
 exactly one (`de` for `__de__` or `deu_Latn`), else by the model's code
 (`zho_Hans`). Where several presets serve a pair, the first given serves
-it. `source: "auto"` picks the one source served into the target, since
-the server detects no language.
+it. `source: "auto"` is the one source served into the target, or, where
+several are, the one of them that the request's text is in
+(`language_detection.py`).
 """
 
 import dataclasses
@@ -98,18 +99,24 @@ class Registry:
 
     Args:
         served: `ServedModel`s, in the order of `--preset`.
+        detector: a `language_detection.LanguageDetector` for `source:
+            "auto"` where several sources are served into a target (None:
+            such a request is refused, naming what to install).
 
     Raises:
         ValueError: a model of one pair whose pair is unknown (neither its
             metadata nor `NAME=SRC-TGT` names it).
     """
 
-    def __init__(self, served):
+    def __init__(self, served, detector=None):
         self.served = list(served)
+        self.detector = detector
         self._routes = {}
         for entry in self.served:
             for public, route in _routes_of(entry).items():
                 self._routes.setdefault(public, route)
+        # Requests name codes in any case (`zho_hans` for `zho_Hans`).
+        self._by_lowercase = {(s.lower(), t.lower()): route for (s, t), route in reversed(self._routes.items())}
 
     @property
     def pairs(self):
@@ -133,8 +140,43 @@ class Registry:
         return [{"code": code, "name": language_name(code), "targets": sorted(set(found))}
                 for code, found in sorted(targets.items())]
 
-    def route(self, source, target):
-        """The `Route` of a request's `source` (or `"auto"`) and `target`.
+    def needs_detection(self):
+        """Whether some target is served from several sources (so that
+        `source: "auto"` needs a `detector`)."""
+        targets = [target for _, target in self._routes]
+        return len(targets) != len(set(targets))
+
+    def detect_source(self, target, text=""):
+        """`(source, confidence)` of `source: "auto"` into `target`: the one
+        source served into it (confidence 100), else the one of them that
+        `text` is in, as the detector says.
+
+        Raises:
+            UnknownPair: nothing is served into `target`, or several sources
+                are and none can be detected (no detector, or one that
+                knows none of them).
+        """
+        target = target.strip().lower()
+        sources = sorted({s for s, t in self._routes if t.lower() == target})
+        if len(sources) == 1:
+            return sources[0], 100.0
+        if not sources:
+            raise UnknownPair(f"source 'auto': no model translates into {target!r}. Served pairs: "
+                              f"{', '.join(self.pairs)}")
+        if self.detector is None:
+            raise UnknownPair(
+                f"source 'auto' into {target!r}, which is served from {', '.join(sources)}, needs language "
+                'detection (py3langid: pip install "keras-aiayn[serve]"): give source as a code'
+            )
+        known = [source for source in sources if source in self.detector.known]
+        if not known:
+            raise UnknownPair(f"source 'auto' into {target!r}: the language detector knows none of its sources "
+                              f"({', '.join(sources)}): give source as a code")
+        return self.detector.detect(text, known)
+
+    def route(self, source, target, text=""):
+        """The `Route` of a request's `source` (or `"auto"`: see
+        `detect_source`, with the request's `text`) and `target`.
 
         Raises:
             UnknownPair: no served model translates the pair; the message
@@ -143,15 +185,8 @@ class Registry:
         target = target.strip().lower()
         source = source.strip().lower() if source else AUTO
         if source == AUTO:
-            sources = sorted({s for s, t in self._routes if t == target})
-            if len(sources) != 1:
-                found = f"it is served from {', '.join(sources)}" if sources else "no model translates into it"
-                raise UnknownPair(
-                    f"source 'auto' needs the one language served into {target!r} (this server detects no "
-                    f"language), but {found}: give source as a code. Served pairs: {', '.join(self.pairs)}"
-                )
-            source = sources[0]
-        found = self._routes.get((source, target))
+            source = self.detect_source(target, text)[0]
+        found = self._by_lowercase.get((source, target))
         if found is None:
             raise UnknownPair(
                 f"{source}-{target} is not served: this server translates {', '.join(self.pairs)} "

@@ -119,7 +119,9 @@ def check_request(fields, limits):
     if chars > limits.max_request_chars:
         raise ApiError(413, f"Invalid request: the request holds {chars} characters, over the limit of "
                             f"{limits.max_request_chars} characters a request")
-    return TranslateRequest(texts, single, source or "auto", target, text_format)
+    if not source or source.lower() == "auto":
+        source = "auto"
+    return TranslateRequest(texts, single, source, target, text_format)
 
 
 def _string_field(fields, name):

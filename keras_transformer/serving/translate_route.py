@@ -21,6 +21,8 @@ from keras_transformer.serving.documents import split_documents
 from keras_transformer.serving.errors import ApiError
 from keras_transformer.serving.errors import error_response
 from keras_transformer.serving.errors import internal_error
+from keras_transformer.serving.language_detection import detection_text
+from keras_transformer.serving.registry import AUTO
 from keras_transformer.serving.registry import UnknownPair
 from keras_transformer.serving.translate_request import body_fields
 from keras_transformer.serving.translate_request import check_request
@@ -48,7 +50,10 @@ def translate_handler(registry, batcher, metrics, limits):
             body = await read_body(request, limits)
             fields = body_fields(body, request.headers.get("content-type"), request.url.query)
             checked = check_request(fields, limits)
-            route = registry.route(checked.source, checked.target)
+            source = checked.source
+            if source == AUTO:
+                source, confidence = registry.detect_source(checked.target, detection_text(checked))
+            route = registry.route(source, checked.target)
         except ClientDisconnect:  # gone before its body arrived
             metrics.disconnected(started=False)
             return JSONResponse({"error": "client closed the request"}, status_code=499)
@@ -70,9 +75,8 @@ def translate_handler(registry, batcher, metrics, limits):
             return JSONResponse({"error": "client closed the request"}, status_code=499)
         translations = assembled(documents, translations)
         answer = {"translatedText": translations[0] if checked.single else translations}
-        if checked.source == "auto":
-            # Not detected: the one source this server translates into the target.
-            detected = {"confidence": 100.0, "language": route.pair[0]}
+        if checked.source == AUTO:  # as LibreTranslate names a detected language
+            detected = {"confidence": confidence, "language": route.pair[0]}
             answer["detectedLanguage"] = detected if checked.single else [detected] * len(translations)
         return answer
 
