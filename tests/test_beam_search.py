@@ -313,9 +313,9 @@ def test_the_one_loop_search_tries_a_short_cache_first(monkeypatch):
 
 
 @pytest.mark.skipif(keras.config.backend() == "torch", reason="PyTorch runs a step a call: no segments")
-@pytest.mark.parametrize("kind,alpha,beam_caches", [
-    ("gnmt", 0.6, False), ("gnmt", 0.6, True), ("length", 1.0, True), ("gnmt", 0.0, False),
-])
+# (Each penalty and each kind of cache once: each setting compiles its
+# segments anew, 10-45 s a setting.)
+@pytest.mark.parametrize("kind,alpha,beam_caches", [("gnmt", 0.6, False), ("length", 1.0, True)])
 def test_segments_of_compiled_steps_equal_a_step_a_call(kind, alpha, beam_caches, monkeypatch):
     """Where steps are compiled (JAX, TensorFlow) the host search runs
     segments of steps on the device (`loop.search_segment`, the rules in

@@ -122,6 +122,10 @@ def _padded(sources, pad):
 
 def test_greedy_and_beam_search_match_transformers(family):
     name, _, model, tokenizer, ours = family
+    if name == "nllb" and keras.config.backend() != "torch":
+        # (One model class decodes both: its computation is checked on
+        # every backend with M2M100's codes, NLLB-200's framing once.)
+        pytest.skip("M2M100's checks the decoding on every backend; NLLB-200's runs in PyTorch's run")
     pad, offset = model.config.pad_token_id, 15
     sources = ours.preprocessor.generate_preprocess(TEXTS)
     ended, outputs = 0, []

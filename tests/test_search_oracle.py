@@ -16,6 +16,7 @@ import itertools
 
 import numpy as np
 import pytest
+from helpers import once
 from keras import ops
 
 from keras_transformer.decoding.beam import beam_search
@@ -399,6 +400,7 @@ def _padded(ours, sources):
         [[len(source)] for source in sources])).astype("int32")}
 
 
+@once  # (on every backend: test_marian.py's test_greedy_and_beam_search_match_transformers)
 def test_marian_greedy_and_beam_search_equal_transformers(marian):
     """On a small trained Marian model, greedy decoding and beam search
     (beam 4, the `"length"` penalty with alpha 1) give transformers'
