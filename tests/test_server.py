@@ -593,27 +593,6 @@ def test_the_clients_queued_and_those_answered_make_one_batch():
 
 
 @once
-def test_a_batch_starts_at_once_when_the_clients_it_waits_for_are_back():
-    # One client, sending its next sentence as soon as it has its answer:
-    # with a long batch_wait (1 s), only its first sentence waits for
-    # others; the next go at once (the client the last batch answered is
-    # back).
-    model, outcomes = Slow(0.01), {}
-    route = FakeRoute("a", model)
-    batcher = Batcher(Metrics(), batch_wait=1.0)
-    batcher.start()
-    seconds = []
-    for round_ in range(3):
-        job = _job(route, [f"r{round_}"], outcomes)
-        started = time.monotonic()
-        batcher.submit(job)
-        assert job.answered.wait(30)
-        seconds.append(time.monotonic() - started)
-    batcher.close(timeout=30)
-    assert seconds[0] >= 1.0 and max(seconds[1:]) < 0.5, seconds
-
-
-@once
 def test_requests_are_answered_when_the_decoding_thread_stops():
     class Stopping(FakeModel):
         def generate(self, texts, **kwargs):

@@ -6,8 +6,7 @@ some state per thread): it loads them, then takes the queued sentences of
 one route (model and languages), waits a few milliseconds for more while
 they keep coming and the batch is under its token budget, and longer
 while the clients that the last batch answered are coming back with their
-next sentences (up to a share of that batch's decoding time; a
-millisecond at most once they are all back), calls
+next sentences (up to a share of that batch's decoding time), calls
 `generate` once for all of them, and hands each request its translations
 through its event loop (`loop.call_soon_threadsafe`). While it decodes,
 new requests queue, so that under load each batch holds what arrived
@@ -41,11 +40,6 @@ MAX_WAITS = 10
 # alone.
 RETURN_WAIT_SHARE = 0.25
 MAX_RETURN_WAIT_SECONDS = 0.2
-# Once they are all back, a batch waits this long for another sentence (a
-# burst of new clients) rather than `batch_wait`: 32 clients took about 5%
-# more sentences a second than with the 5 ms wait (with no wait, a burst
-# after a quiet spell left all but the first few to a batch of their own).
-RETURNED_WAIT_SECONDS = 0.001
 
 
 def estimate_tokens(text):
@@ -94,8 +88,7 @@ class Batcher:
             `MAX_WAITS` times this in all; while fewer requests are
             queued than the last batch answered, up to
             `RETURN_WAIT_SHARE` of that batch's decoding time (at most
-            `MAX_RETURN_WAIT_SECONDS`); once as many have come since it
-            ended, `RETURNED_WAIT_SECONDS` after the last.
+            `MAX_RETURN_WAIT_SECONDS`).
     """
 
     def __init__(self, metrics, max_batch_tokens=DEFAULT_MAX_BATCH_TOKENS, batch_wait=DEFAULT_BATCH_WAIT_SECONDS):
@@ -216,11 +209,6 @@ class Batcher:
                 returned = len({id(job) for job, _ in batch if job.queued_at >= self._last_batch_end})
                 if returned < self._last_batch_requests:
                     deadline = max(deadline, opened + returning)
-                elif self._last_batch_requests:
-                    # They are all back: the batch waits for more only
-                    # while they come well within a millisecond of each
-                    # other (a burst of new clients), not `batch_wait`.
-                    deadline = min(deadline, max(opened, self._last_arrival) + RETURNED_WAIT_SECONDS)
                 left = deadline - time.monotonic()
                 if full or left <= 0:
                     break
