@@ -1,5 +1,6 @@
-"""Sentences a second through `keras-transformer serve` with 1, 8 and 32
-concurrent clients, against `generate` batched in this process, in one run.
+"""Sentences a second through `keras-transformer serve` with 1, 8, 32 and
+64 concurrent clients, against `generate` batched in this process, in one
+run.
 
     python benchmarks/serve.py --preset transformer_multi30k_en_de --first-model-only --beam-size 1 \
         --data-dir PATH/TO/multi30k --sentences 256
@@ -118,7 +119,7 @@ def main():
     parser.add_argument("--beam-size", type=int, default=4)
     parser.add_argument("--batch-wait-ms", type=float, help="the server's (default: its default)")
     parser.add_argument("--sentences", type=int, default=128)
-    parser.add_argument("--clients", default="1,8,32")
+    parser.add_argument("--clients", default="1,8,32,64", help="numbers of concurrent clients (default: 1,8,32,64)")
     parser.add_argument("--rounds", type=int, default=3, help="passes of each, taken in turn (default: 3)")
     parser.add_argument("--batch-size", type=int, default=32, help="generate's batch size (default: 32)")
     parser.add_argument("--data-dir", help="Multi30k's raw files (default: $KERAS_TRANSFORMER_MULTI30K, else 8 "

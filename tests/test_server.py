@@ -681,7 +681,7 @@ def test_the_page_translates_in_a_browser(server, expected):
         wait = WebDriverWait(browser, 60)
         wait.until(expected_conditions.element_to_be_clickable((By.ID, "translate")))
         sources = Select(browser.find_element(By.ID, "source"))
-        assert [option.get_attribute("value") for option in sources.options] == ["de", "en", "fr"]
+        assert [option.get_attribute("value") for option in sources.options] == ["auto", "de", "en", "fr"]
         sources.select_by_value("en")  # (its targets fill the other picker)
         assert browser.find_element(By.ID, "target").get_attribute("value") == "de"
         browser.find_element(By.ID, "source-text").send_keys(SENTENCES[2])
@@ -693,6 +693,18 @@ def test_the_page_translates_in_a_browser(server, expected):
         screenshot = os.environ.get("KERAS_TRANSFORMER_SERVE_SCREENSHOT")
         if screenshot:  # docs/img/serve_page.png
             browser.save_screenshot(screenshot)
+        # "Detect language": every target offered; the French sentence goes to fr-de.
+        french = "Un homme fait du vélo dans la rue."
+        sources.select_by_value("auto")
+        targets = Select(browser.find_element(By.ID, "target"))
+        assert [option.get_attribute("value") for option in targets.options] == ["de", "en"]
+        targets.select_by_value("de")
+        browser.find_element(By.ID, "source-text").clear()
+        browser.find_element(By.ID, "source-text").send_keys(french)
+        browser.find_element(By.ID, "translate").click()
+        wait.until(lambda driver: "detected" in driver.find_element(By.ID, "time").text)
+        assert browser.find_element(By.ID, "translation").text == expected(french)
+        assert re.fullmatch(r"\d+ ms · detected French \(fr\), [\d.]+%", browser.find_element(By.ID, "time").text)
     finally:
         browser.quit()
 
