@@ -531,23 +531,31 @@ def test_a_batch_waits_for_the_clients_the_last_batch_answered():
     # after its answer: further apart than the batch's short wait (5 ms),
     # within a quarter of a batch's 0.8 s. Every batch after the first holds
     # all four; with the short wait alone, each client's sentence went alone.
-    model, outcomes = Slow(0.8), {}
-    route = FakeRoute("a", model)
+    sizes = _batch_sizes_of_clients(Slow(0.8), 4, rounds=4, pause=lambda number: 0.01 + 0.03 * number)
+    assert sum(sizes) == 16 and sizes[1:] == [4] * (len(sizes) - 1), sizes
+
+
+def _batch_sizes_of_clients(model, clients, rounds, pause, start=lambda number: None):
+    """The sizes of the batches `model` decoded for `clients` threads, each
+    sending one sentence at a time for `rounds` rounds through a batcher
+    (its short wait 5 ms) and waiting `pause(number)` seconds after each
+    answer; `start(number)` runs before a client's first sentence."""
+    route, outcomes = FakeRoute("a", model), {}
     batcher = Batcher(Metrics(), batch_wait=0.005)
     batcher.start()
 
     def client(number):
-        for round_ in range(4):
+        start(number)
+        for round_ in range(rounds):
             job = _job(route, [f"c{number}r{round_}"], outcomes)
             batcher.submit(job)
             assert job.answered.wait(30)
-            time.sleep(0.01 + 0.03 * number)
+            time.sleep(pause(number))
 
-    with concurrent.futures.ThreadPoolExecutor(4) as pool:
-        list(pool.map(client, range(4)))
+    with concurrent.futures.ThreadPoolExecutor(clients) as pool:
+        list(pool.map(client, range(clients)))
     batcher.close(timeout=30)
-    sizes = [len(texts) for texts, _ in model.calls]
-    assert sum(sizes) == 16 and sizes[1:] == [4] * (len(sizes) - 1), sizes
+    return [len(texts) for texts, _ in model.calls]
 
 
 class Slow(FakeModel):
@@ -571,24 +579,13 @@ def test_the_clients_queued_and_those_answered_make_one_batch():
     # while it decodes. The next batch waits for the four it answered and
     # holds all eight; were the four queued enough to start it, the clients
     # would take turns in batches of four.
-    model, outcomes = Slow(0.3), {}
-    route = FakeRoute("a", model)
-    batcher = Batcher(Metrics(), batch_wait=0.005)
-    batcher.start()
+    model = Slow(0.3)
 
-    def client(number):
+    def start(number):  # the last four once the first batch decodes
         if number >= 4:
             assert model.decoding.wait(30)
-        for round_ in range(3):
-            job = _job(route, [f"c{number}r{round_}"], outcomes)
-            batcher.submit(job)
-            assert job.answered.wait(30)
-            time.sleep(0.02)
 
-    with concurrent.futures.ThreadPoolExecutor(8) as pool:
-        list(pool.map(client, range(8)))
-    batcher.close(timeout=30)
-    sizes = [len(texts) for texts, _ in model.calls]
+    sizes = _batch_sizes_of_clients(model, 8, rounds=3, pause=lambda number: 0.02, start=start)
     assert sizes[:3] == [4, 8, 8], sizes
 
 

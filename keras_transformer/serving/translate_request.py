@@ -13,6 +13,7 @@ import json
 import urllib.parse
 
 from keras_transformer.serving.errors import ApiError
+from keras_transformer.serving.registry import AUTO
 
 FORMATS = ("text", "html")
 # Formats this server translates; "html" (tags kept, text nodes translated)
@@ -119,8 +120,8 @@ def check_request(fields, limits):
     if chars > limits.max_request_chars:
         raise ApiError(413, f"Invalid request: the request holds {chars} characters, over the limit of "
                             f"{limits.max_request_chars} characters a request")
-    if not source or source.lower() == "auto":
-        source = "auto"
+    if not source or source.lower() == AUTO:
+        source = AUTO
     return TranslateRequest(texts, single, source, target, text_format)
 
 

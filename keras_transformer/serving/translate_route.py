@@ -30,10 +30,11 @@ from keras_transformer.serving.translate_request import read_body
 
 logger = logging.getLogger("keras_transformer.serving")
 
-# A request of at most this many characters is split into sentences on the
-# event loop (about 0.3 ms for 1,000 characters); a longer one in a worker
-# thread. The hop to a worker costs more than a short request's split, and
-# the worker's thread contends with the decoding thread.
+# A request of at most this many characters is read (its HTML, for language
+# detection) and split into sentences on the event loop (about 0.3 ms for
+# 1,000 characters); a longer one in a worker thread. The hop to a worker
+# costs more than a short request's split, and the worker's thread contends
+# with the decoding thread.
 INLINE_SPLIT_CHARS = 1000
 
 
@@ -52,7 +53,8 @@ def translate_handler(registry, batcher, metrics, limits):
             checked = check_request(fields, limits)
             source = checked.source
             if source == AUTO:
-                source, confidence = registry.detect_source(checked.target, detection_text(checked))
+                source, confidence = registry.detect_source(checked.target,
+                                                            await _by_size(checked, detection_text, checked))
             route = registry.route(source, checked.target)
         except ClientDisconnect:  # gone before its body arrived
             metrics.disconnected(started=False)
@@ -64,7 +66,7 @@ def translate_handler(registry, batcher, metrics, limits):
             metrics.request_finished(error.status, time.monotonic() - started, started=False)
             raise
         try:
-            documents, segments = await _split(route, checked)
+            documents, segments = await _by_size(checked, split_documents, route, checked.texts, checked.format)
         except ValueError as error:
             metrics.request_finished(400, time.monotonic() - started, started=False)
             raise ApiError(400, f"Cannot translate text: {error}") from None
@@ -98,20 +100,21 @@ class TranslateFastPath:
     """
 
     def __init__(self, app, translate):
+        from starlette import requests
+        from starlette import responses
+
         self.app = app
         self.translate = translate
+        self._request, self._responses = requests.Request, responses
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http" or scope["method"] != "POST" or scope["path"] != "/translate":
             await self.app(scope, receive, send)
             return
-        from starlette.requests import Request
-        from starlette.responses import JSONResponse
-        from starlette.responses import Response
-
         try:
-            answer = await self.translate(Request(scope, receive))
-            response = answer if isinstance(answer, Response) else JSONResponse(answer)
+            answer = await self.translate(self._request(scope, receive))
+            responses = self._responses
+            response = answer if isinstance(answer, responses.Response) else responses.JSONResponse(answer)
         except ApiError as error:
             response = error_response(error.status, error.message)
         except Exception as error:  # noqa: BLE001 - answered as FastAPI's handler answers it
@@ -119,13 +122,13 @@ class TranslateFastPath:
         await response(scope, receive, send)
 
 
-async def _split(route, checked):
-    """`split_documents` of a checked request: on the event loop for a
-    short request, in a worker thread for a longer one."""
+async def _by_size(checked, function, *args):
+    """`function(*args)`, work on a checked request's texts (reading HTML,
+    splitting into sentences): on the event loop for a short request, in a
+    worker thread for a longer one."""
     if sum(map(len, checked.texts)) <= INLINE_SPLIT_CHARS:
-        return split_documents(route, checked.texts, checked.format)
-    return await asyncio.get_running_loop().run_in_executor(
-        None, split_documents, route, checked.texts, checked.format)
+        return function(*args)
+    return await asyncio.get_running_loop().run_in_executor(None, function, *args)
 
 
 async def _translations(request, batcher, metrics, route, texts, started):
