@@ -17,6 +17,7 @@ from keras_transformer.models import TransformerSeq2SeqLM
 from keras_transformer.models import TransformerSeq2SeqLMPreprocessor
 from keras_transformer.schedules import TransformerSchedule
 
+from helpers import once
 from helpers import to_numpy
 
 
@@ -148,6 +149,12 @@ def _unigram_cross_entropy(train_batches, val_batches, vocabulary_size):
     return total / tokens
 
 
+# Learning from real pairs, through the data pipeline and the task's
+# compile: once (30-55 s on JAX and TensorFlow). Each backend's training step
+# learns a task that needs the source in tests/test_backbone.py
+# (`test_fit_learns_to_reverse_sequences`) and resumes in
+# tests/test_training.py.
+@once
 def test_validation_loss_falls_well_below_a_context_free_model(small_tokenizer, multi30k_dir, multi30k_train):
     sources, targets = multi30k_train
     val_sources, val_targets = multi30k.load("val", "en", "de", data_dir=multi30k_dir)
