@@ -463,14 +463,14 @@ class FakeRoute:
         return self.model.generate(texts)
 
 
-def _job(route, texts, outcomes):
+def _job(route, texts, outcomes, client=None):
     done = threading.Event()
 
     def deliver(outcome):
         outcomes[tuple(texts)] = outcome
         done.set()
 
-    job = Job(route, texts, deliver)
+    job = Job(route, texts, deliver, client)
     job.answered = done
     return job
 
@@ -539,19 +539,21 @@ def test_a_batch_waits_for_the_clients_the_last_batch_answered():
     assert sum(sizes) == 16 and sizes[1:] == [4] * (len(sizes) - 1), sizes
 
 
-def _batch_sizes_of_clients(model, clients, rounds, pause, start=lambda number: None):
+def _batch_sizes_of_clients(model, clients, rounds, pause, start=lambda number: None, batch_wait=0.005,
+                            known=False):
     """The sizes of the batches `model` decoded for `clients` threads, each
     sending one sentence at a time for `rounds` rounds through a batcher
-    (its short wait 5 ms) and waiting `pause(number)` seconds after each
-    answer; `start(number)` runs before a client's first sentence."""
+    (its short wait `batch_wait`) and waiting `pause(number)` seconds after
+    each answer; `start(number)` runs before a client's first sentence.
+    `known`: each client's jobs name it (as a connection's address)."""
     route, outcomes = FakeRoute("a", model), {}
-    batcher = Batcher(Metrics(), batch_wait=0.005)
+    batcher = Batcher(Metrics(), batch_wait=batch_wait)
     batcher.start()
 
     def client(number):
         start(number)
         for round_ in range(rounds):
-            job = _job(route, [f"c{number}r{round_}"], outcomes)
+            job = _job(route, [f"c{number}r{round_}"], outcomes, client=("127.0.0.1", number) if known else None)
             batcher.submit(job)
             assert job.answered.wait(30)
             time.sleep(pause(number))
@@ -564,16 +566,37 @@ def _batch_sizes_of_clients(model, clients, rounds, pause, start=lambda number: 
 
 class Slow(FakeModel):
     """A model whose `generate` takes `seconds`; `decoding` is set once it
-    has begun."""
+    has begun; `times` holds each call's start and end."""
 
     def __init__(self, seconds):
         super().__init__()
-        self.seconds, self.decoding = seconds, threading.Event()
+        self.seconds, self.decoding, self.times = seconds, threading.Event(), []
 
     def generate(self, texts, **kwargs):
         self.decoding.set()
+        started = time.monotonic()
         time.sleep(self.seconds)
+        self.times.append((started, time.monotonic()))
         return super().generate(texts, **kwargs)
+
+
+@once
+def test_a_batch_starts_once_every_client_the_last_one_answered_is_back():
+    # Four clients on connections of their own, each back 10-25 ms after its
+    # answer. Once all four are, nobody else is on the way: the next batch
+    # starts without its short wait (here 0.5 s; were it waited for, every
+    # batch would start 0.5 s after the last client came back).
+    model = Slow(0.2)
+    sizes = _batch_sizes_of_clients(model, 4, rounds=4, pause=lambda number: 0.01 + 0.005 * number,
+                                    start=lambda number: number and model.decoding.wait(30), batch_wait=0.5,
+                                    known=True)
+    # (The first client's sentence alone, then all four; the last three's
+    # fourth round once the first is done.)
+    assert sizes == [1, 4, 4, 4, 3], sizes
+    # Between the batches of all four (the last one waits for the client
+    # that is done, as it would for a client that is slow to come back).
+    gaps = [later[0] - earlier[1] for earlier, later in zip(model.times[:3], model.times[1:4])]
+    assert max(gaps) < 0.25, gaps
 
 
 @once

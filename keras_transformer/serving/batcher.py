@@ -6,8 +6,9 @@ some state per thread): it loads them, then takes the queued sentences of
 one route (model and languages), waits a few milliseconds for more while
 they keep coming and the batch is under its token budget, and longer
 while the clients that the last batch answered are coming back with their
-next sentences (up to a share of that batch's decoding time), calls
-`generate` once for all of them, and hands each request its translations
+next sentences (up to a share of that batch's decoding time; once all
+of them are back, where their connections tell them apart, at once),
+calls `generate` once for all of them, and hands each request its translations
 through its event loop (`loop.call_soon_threadsafe`). While it decodes,
 new requests queue, so that under load each batch holds what arrived
 during the last one.
@@ -60,10 +61,14 @@ class Job:
         texts: the sentences (strings).
         deliver: called once, from the decoding thread, with the list of
             translations or with the exception that failed them.
+        client: what tells the request's client from others (its
+            connection's address: a client that keeps its connection
+            sends its next request on it), or None.
     """
 
-    def __init__(self, route, texts, deliver):
+    def __init__(self, route, texts, deliver, client=None):
         self.route = route
+        self.client = client
         self.texts = list(texts)
         self.tokens = [estimate_tokens(text) for text in self.texts]
         self.results = [None] * len(self.texts)
@@ -88,7 +93,9 @@ class Batcher:
             `MAX_WAITS` times this in all; while fewer requests are
             queued than the last batch answered, up to
             `RETURN_WAIT_SHARE` of that batch's decoding time (at most
-            `MAX_RETURN_WAIT_SECONDS`).
+            `MAX_RETURN_WAIT_SECONDS`). Where the jobs name their clients
+            (`Job.client`) and every client the last batch answered is
+            back, the batch starts at once.
     """
 
     def __init__(self, metrics, max_batch_tokens=DEFAULT_MAX_BATCH_TOKENS, batch_wait=DEFAULT_BATCH_WAIT_SECONDS):
@@ -102,6 +109,7 @@ class Batcher:
         self._last_batch_end = float("-inf")
         self._last_arrival = float("-inf")
         self._last_batch_requests = 0  # requests the last batch answered
+        self._last_batch_clients = frozenset()  # their clients, where every one is known
         self._last_batch_seconds = 0.0
 
     def start(self, load=None):
@@ -206,11 +214,14 @@ class Batcher:
                 # the clients it answered (the others had queued while it
                 # decoded: counting them, two halves of the clients would
                 # take turns in batches of half the size).
-                returned = len({id(job) for job, _ in batch if job.queued_at >= self._last_batch_end})
-                if returned < self._last_batch_requests:
+                came = [job for job, _ in batch if job.queued_at >= self._last_batch_end]
+                if len({id(job) for job in came}) < self._last_batch_requests:
                     deadline = max(deadline, opened + returning)
+                # Every client the last batch answered is back: nobody else
+                # is on the way (the short wait is for a burst of others).
+                back = self._last_batch_clients and self._last_batch_clients <= {job.client for job in came}
                 left = deadline - time.monotonic()
-                if full or left <= 0:
+                if full or left <= 0 or back:
                     break
                 self._condition.wait(left)
             return self._take(first.route.key, remove=True)[0]
@@ -258,7 +269,10 @@ class Batcher:
             if job.remaining == 0:
                 self._finish(job, job.results)
         # (their clients may send their next sentences at once)
-        self._last_batch_requests = sum(job.remaining == 0 for job in {id(job): job for job, _ in batch}.values())
+        answered = [job for job in {id(job): job for job, _ in batch}.values() if job.remaining == 0]
+        self._last_batch_requests = len(answered)
+        clients = {job.client for job in answered}
+        self._last_batch_clients = frozenset(clients) if None not in clients else frozenset()
 
     def _finish(self, job, outcome):
         with self._condition:

@@ -140,7 +140,8 @@ async def _translations(request, batcher, metrics, route, texts, started):
     def deliver(outcome):  # called by the decoding thread
         loop.call_soon_threadsafe(_settle, future, outcome)
 
-    job = Job(route, texts, deliver)
+    client = request.scope.get("client")  # (host, port): its connection, kept alive by most clients
+    job = Job(route, texts, deliver, client=tuple(client) if client else None)
     try:
         batcher.submit(job)
     except RuntimeError as error:
