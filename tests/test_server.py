@@ -535,26 +535,35 @@ def test_a_batch_waits_for_the_clients_the_last_batch_answered():
     # after its answer: further apart than the batch's short wait (5 ms),
     # within a quarter of a batch's 0.8 s. Every batch after the first holds
     # all four; with the short wait alone, each client's sentence went alone.
-    sizes = _batch_sizes_of_clients(Slow(0.8), 4, rounds=4, pause=lambda number: 0.01 + 0.03 * number)
-    assert sum(sizes) == 16 and sizes[1:] == [4] * (len(sizes) - 1), sizes
+    # (The batcher starts once the four are queued, so that they make the
+    # first batch on a busy machine too.)
+    sizes = _batch_sizes_of_clients(Slow(0.8), 4, rounds=4, pause=lambda number: 0.01 + 0.03 * number, gather=4)
+    assert sizes == [4, 4, 4, 4], sizes
 
 
 def _batch_sizes_of_clients(model, clients, rounds, pause, start=lambda number: None, batch_wait=0.005,
-                            known=False):
+                            known=False, gather=0):
     """The sizes of the batches `model` decoded for `clients` threads, each
     sending one sentence at a time for `rounds` rounds through a batcher
     (its short wait `batch_wait`) and waiting `pause(number)` seconds after
     each answer; `start(number)` runs before a client's first sentence.
-    `known`: each client's jobs name it (as a connection's address)."""
+    `known`: each client's jobs name it (as a connection's address).
+    `gather`: the batcher starts once this many sentences are queued."""
     route, outcomes = FakeRoute("a", model), {}
     batcher = Batcher(Metrics(), batch_wait=batch_wait)
-    batcher.start()
+    queued, lock = [0], threading.Lock()
+    if not gather:
+        batcher.start()
 
     def client(number):
         start(number)
         for round_ in range(rounds):
             job = _job(route, [f"c{number}r{round_}"], outcomes, client=("127.0.0.1", number) if known else None)
             batcher.submit(job)
+            with lock:
+                queued[0] += 1
+                if queued[0] == gather:
+                    batcher.start()
             assert job.answered.wait(30)
             time.sleep(pause(number))
 
@@ -612,7 +621,9 @@ def test_the_clients_queued_and_those_answered_make_one_batch():
         if number >= 4:
             assert model.decoding.wait(30)
 
-    sizes = _batch_sizes_of_clients(model, 8, rounds=3, pause=lambda number: 0.02, start=start)
+    # (The batcher starts once the first four are queued, so that they make
+    # the first batch on a busy machine too.)
+    sizes = _batch_sizes_of_clients(model, 8, rounds=3, pause=lambda number: 0.02, start=start, gather=4)
     assert sizes[:3] == [4, 8, 8], sizes
 
 
