@@ -8,8 +8,8 @@ they keep coming and the batch is under its token budget, and longer
 while the clients that the last batch answered are coming back with their
 next sentences (up to a share of that batch's decoding time; once all
 of them are back, where their connections tell them apart, at once),
-calls `generate` once for all of them, and hands each request its translations
-through its event loop (`loop.call_soon_threadsafe`). While it decodes,
+calls `generate` once for all of them, and hands each request its
+translations through its event loop (`loop.call_soon_threadsafe`). While it decodes,
 new requests queue, so that under load each batch holds what arrived
 during the last one.
 
@@ -184,7 +184,7 @@ class Batcher:
             logger.critical("the decoding thread stopped", exc_info=error)
             with self._condition:
                 self._closing = True
-                jobs = list({id(job): job for job, _ in [*(batch or ()), *self._items]}.values())
+                jobs = _jobs_of([*(batch or ()), *self._items])
             for job in jobs:
                 self._finish(job, RuntimeError(f"the decoding thread stopped ({type(error).__name__}: {error})"))
 
@@ -253,7 +253,7 @@ class Batcher:
         try:
             outputs = batch[0][0].route.generate([job.texts[index] for job, index in batch])
         except Exception as error:  # noqa: BLE001 - reported to the requests, never the end of the thread
-            jobs = list({id(job): job for job, _ in batch}.values())
+            jobs = _jobs_of(batch)
             if len(jobs) > 1:
                 for job in jobs:
                     self._decode([(j, index) for j, index in batch if j is job])
@@ -269,7 +269,7 @@ class Batcher:
             if job.remaining == 0:
                 self._finish(job, job.results)
         # (their clients may send their next sentences at once)
-        answered = [job for job in {id(job): job for job, _ in batch}.values() if job.remaining == 0]
+        answered = [job for job in _jobs_of(batch) if job.remaining == 0]
         self._last_batch_requests = len(answered)
         clients = {job.client for job in answered}
         self._last_batch_clients = frozenset(clients) if None not in clients else frozenset()
@@ -284,3 +284,8 @@ class Batcher:
             job.deliver(outcome)
         except Exception:  # noqa: BLE001 - the request's loop is gone (shutdown): nothing to tell
             logger.debug("could not deliver a result", exc_info=True)
+
+
+def _jobs_of(items):
+    """The jobs of `(job, index)` items, each once, in order."""
+    return list({id(job): job for job, _ in items}.values())
