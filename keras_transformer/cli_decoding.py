@@ -51,8 +51,9 @@ def add_document_options(p):
     p.add_argument("--split-sentences", action="store_true", help="split each input into sentences (sentencex, "
                    "in the source language), translate them, and put them back together on its line; a "
                    "sentence longer than the model reads is split at ;:, or between words")
-    p.add_argument("--format", choices=("text", "html"), default="text", help="html: keep tags and attributes, "
-                   "translate text nodes only (not <script> or <style>) (default: text)")
+    p.add_argument("--format", choices=("text", "html"), default="text", help="html: keep tags, translate text nodes "
+                   "and the attributes for readers (alt, title, ...; not <script>, <style> or what is marked "
+                   "translate=\"no\") (default: text)")
     p.add_argument("--document", action="store_true", help="translate the whole input (file or stdin; or each "
                    "TEXT) as one document and write it as it is, its line ends (\\r\\n too) and whitespace kept: "
                    "for HTML pages whose tags span lines (implies --split-sentences)")

@@ -5,6 +5,7 @@ with translations that are the sentences themselves or reversed; and
 sentences translated one by one."""
 
 import contextlib
+import html.parser
 import io
 
 import pytest
@@ -132,6 +133,47 @@ def test_html_keeps_markup_and_translates_text_nodes():
     assert ".nar yrreJ &amp; moT&nbsp;.&gt;ereh&lt; dih yehT" in translated
     assert ".4202 &#169; &eacute;faC" in translated
     assert "<pre>.eno eniL\n  .owt eniL</pre>" in translated
+
+
+@once
+def test_html_translates_the_attributes_for_readers_and_keeps_what_is_marked_not_to_translate():
+    page = (
+        '<p title="A note. For you.">Read it.</p>\n<img src="dog.png" alt=\'A dog&apos;s toy &amp; ball.\'>'
+        '<img alt="" title=" "><img alt=unquoted>\n<input type="text" value="Not a label" placeholder="Your name">'
+        '<input TYPE="Submit" Value="Send it"><button aria-label="Close">x</button>'
+        '<p data-title="kept">A <span translate="no">Keras <i title="kept">3</i> &amp; JAX.</span> B.</p>'
+        '<div class="box notranslate"><p>Not this. <img alt="Nor this."></div><p>After.</p>'
+    )
+    document = Document(page, format="html")
+    assert document.segments == [
+        "A note.", "For you.", "Read it.", "A dog's toy & ball.", "Your name", "Send it", "Close", "x", "A", "B.",
+        "After.",
+    ]
+    assert document.assemble(document.segments) == page  # references as the page spelled them
+    # Translations with both quote marks: the page's parser reads them back.
+    translations = [f'"{segment}" \'{i}\'' for i, segment in enumerate(document.segments)]
+    translated = document.assemble(translations)
+
+    class Attributes(html.parser.HTMLParser):
+        def __init__(self):
+            super().__init__()
+            self.found = []
+
+        def handle_starttag(self, tag, attrs):
+            self.found += [(tag, name, value) for name, value in attrs]
+
+    before, after = Attributes(), Attributes()
+    before.feed(page)
+    after.feed(translated)
+    changed = {(tag, name): value for (tag, name, value), old in zip(after.found, before.found) if value != old[2]}
+    assert changed == {
+        ("p", "title"): f"{translations[0]} {translations[1]}", ("img", "alt"): translations[3],
+        ("input", "placeholder"): translations[4], ("input", "value"): translations[5],
+        ("button", "aria-label"): translations[6],
+    }
+    assert [(tag, name) for tag, name, _ in after.found] == [(tag, name) for tag, name, _ in before.found]
+    assert '<span translate="no">Keras <i title="kept">3</i> &amp; JAX.</span>' in translated
+    assert '<div class="box notranslate"><p>Not this. <img alt="Nor this."></div>' in translated
 
 
 @once

@@ -16,6 +16,7 @@ import re
 
 from keras_transformer.documents.markup import MarkupPiece
 from keras_transformer.documents.markup import html_pieces
+from keras_transformer.documents.markup import quote_escaper
 from keras_transformer.documents.sentences import fitting_pieces
 from keras_transformer.documents.sentences import sentences
 from keras_transformer.utils.text import is_blank
@@ -41,8 +42,11 @@ class Document:
     Args:
         text: the document, a string.
         format: `"text"`, or `"html"`: tags, attributes, comments and the
-            contents of `<script>` and `<style>` are kept as written, only
-            text nodes are translated, and translations are escaped as the
+            contents of `<script>` and `<style>` are kept as written; text
+            nodes and the attributes written for readers (`alt`, `title`,
+            `placeholder`, `aria-label`, `label`, a button's `value`) are
+            translated, except inside elements marked `translate="no"` (or
+            `class="notranslate"`); translations are escaped as the
             document escaped its text (`markup.html_pieces`).
         language: the document's language, an ISO 639-1 or 639-3 code or
             a multilingual model's code (`"de"`, `"deu"`, `"deu_Latn"`),
@@ -66,11 +70,12 @@ class Document:
     ['Dr. Smith arrived.', 'He was late!', 'The end.']
     >>> document.assemble([segment.upper() for segment in document.segments])
     '  DR. SMITH ARRIVED. HE WAS LATE!\\n\\nTHE END.\\n'
-    >>> page = Document('<p title="A. B.">Hello &amp; welcome. Bye.</p>', format="html")
+    >>> page = Document('<p title="A note.">Hello &amp; welcome. <code translate="no">Bye.</code></p>',
+    ...                 format="html")
     >>> page.segments
-    ['Hello & welcome.', 'Bye.']
-    >>> page.assemble(["Hallo & willkommen.", "Tschüss."])
-    '<p title="A. B.">Hallo &amp; willkommen. Tschüss.</p>'
+    ['A note.', 'Hello & welcome.']
+    >>> page.assemble(["Eine Notiz.", "Hallo & willkommen."])
+    '<p title="Eine Notiz.">Hallo &amp; willkommen. <code translate="no">Bye.</code></p>'
     """
 
     def __init__(self, text, format="text", language="en", max_tokens=None, tokenize=None, split_sentences=True):
@@ -92,11 +97,14 @@ class Document:
         self.max_tokens, self.split_sentences = max_tokens, split_sentences
         self._count = _checked_count(tokenize or _words)
         self._segments, self._parts = [], []
+        self._quoted = {}  # segment -> the escape of its attribute value's quote mark
         if format == "html":
             pieces, self._escape = html_pieces(text)
             for piece in pieces:
                 if isinstance(piece, MarkupPiece):
                     self._parts.append(str(piece))
+                elif piece.quote:
+                    self._add_line(piece, flowing=True, quote=quote_escaper(piece.quote))
                 elif piece.preformatted:
                     self._add_lines(piece)
                 else:
@@ -126,13 +134,19 @@ class Document:
             if not isinstance(translation, str):
                 raise TypeError(f"translations[{i}] is a {type(translation).__name__}, not a string.")
         escape = self._escape or (lambda text: text)
-        return "".join(part if isinstance(part, str) else escape(translations[part]) for part in self._parts)
+        quoted = self._quoted
+        return "".join(
+            part if isinstance(part, str)
+            else quoted[part](escape(translations[part])) if part in quoted else escape(translations[part])
+            for part in self._parts
+        )
 
     def __repr__(self):
         return f"<Document format={self.format!r} language={self.language!r}: {len(self._segments)} segments>"
 
-    def _literal(self, text):
-        self._parts.append(self._escape(text) if self._escape else text)
+    def _literal(self, text, quote=None):
+        text = self._escape(text) if self._escape else text
+        self._parts.append(quote(text) if quote else text)
 
     def _add_lines(self, text):
         """Each line of `text` on its own, its line end kept."""
@@ -142,17 +156,18 @@ class Document:
             if i + 1 < len(parts):
                 self._literal(parts[i + 1])
 
-    def _add_line(self, line, flowing=False):
+    def _add_line(self, line, flowing=False, quote=None):
         """The sentences of `line` as segments, and what is around and
         between them as it is. `flowing` (HTML's text): line breaks inside
         a sentence are spaces, and a sentence's runs of HTML whitespace
-        are one space for the model."""
+        are one space for the model. `quote`: for an attribute's value,
+        the escape of its quote mark (`markup.quote_escaper`)."""
         content = line.strip()
         if is_blank(content):
-            self._literal(line)
+            self._literal(line, quote)
             return
         start = len(line) - len(line.lstrip())
-        self._literal(line[:start])
+        self._literal(line[:start], quote)
         end = start + len(content)
         if self.split_sentences:
             spans = sentences(_HTML_SPACE.sub(lambda m: " " * len(m.group()), content) if flowing else content,
@@ -161,14 +176,16 @@ class Document:
             spans = [(0, len(content))]
         cursor = 0
         for first, last in spans:
-            self._literal(content[cursor:first])
+            self._literal(content[cursor:first], quote)
             sentence = _HTML_SPACE.sub(" ", content[first:last]) if flowing else content[first:last]
             for piece, after in fitting_pieces(sentence, self.max_tokens, self._count):
+                if quote:
+                    self._quoted[len(self._segments)] = quote
                 self._parts.append(len(self._segments))
                 self._segments.append(piece)
-                self._literal(after)
+                self._literal(after, quote)
             cursor = last
-        self._literal(content[cursor:] + line[end:])
+        self._literal(content[cursor:] + line[end:], quote)
 
 
 def _words(text):

@@ -4,12 +4,17 @@
 An HTML document is read as a run of pieces: markup (tags with their
 attributes as written, comments, declarations, and the contents of
 `<script>` and `<style>`), kept character for character, and text (the
-text nodes between tags, their entities and character references decoded),
-which is translated. Text written back is escaped again: `&`, `<` and `>`,
-and every character the document itself wrote as an entity or a character
-reference, spelled as it spelled it (`&nbsp;` stays `&nbsp;`, `&#169;`
-stays `&#169;`), so that text the translation leaves as it was comes back
-as it was written.
+text nodes between tags, their entities and character references decoded,
+and the values of the attributes that HTML names as text for readers:
+`alt`, `title`, `placeholder`, `aria-label`, `label`, and the `value` of a
+button-like `<input>`), which is translated. What an element marks as not
+to translate (`translate="no"`, or Google's `class="notranslate"`) is kept
+as it is, its contents and attributes too. Text written back is escaped
+again: `&`, `<` and `>`, and every character the document itself wrote as
+an entity or a character reference, spelled as it spelled it (`&nbsp;`
+stays `&nbsp;`, `&#169;` stays `&#169;`), so that text the translation
+leaves as it was comes back as it was written; in an attribute's value,
+its quote mark too.
 """
 
 import html
@@ -21,6 +26,12 @@ import re
 PREFORMATTED = ("pre", "textarea", "listing", "plaintext")
 # Elements whose contents are not text to read: kept as they are.
 RAW_TEXT = ("script", "style")
+# Attributes whose values are text for readers (HTML's "translatable
+# attributes"), on any element; and `<input>` types whose `value` is a label.
+TRANSLATED_ATTRIBUTES = ("alt", "title", "placeholder", "aria-label", "label")
+LABELLED_INPUTS = ("button", "submit", "reset")
+# Elements without contents (no end tag).
+VOID = ("area", "base", "br", "col", "embed", "hr", "img", "input", "link", "meta", "source", "track", "wbr")
 
 _ALWAYS_ESCAPED = {"&": "&amp;", "<": "&lt;", ">": "&gt;"}
 # An entity or character reference as `html.parser` reads one.
@@ -33,11 +44,12 @@ class MarkupPiece(str):
 
 class TextPiece(str):
     """Text of an HTML document (entities decoded), with `preformatted`:
-    whether it sits in an element that keeps its line breaks."""
+    whether it sits in an element that keeps its line breaks, and `quote`:
+    for an attribute's value, the quote mark around it (else None)."""
 
-    def __new__(cls, text, preformatted=False):
+    def __new__(cls, text, preformatted=False, quote=None):
         piece = super().__new__(cls, text)
-        piece.preformatted = preformatted
+        piece.preformatted, piece.quote = preformatted, quote
         return piece
 
 
@@ -52,15 +64,17 @@ def html_pieces(document):
     [('MarkupPiece', '<p class="x">'), ('TextPiece', 'Tom & Jerry'), ('MarkupPiece', '</p><script>a < b</script>')]
     >>> escape("Tom & Jerry")
     'Tom &amp; Jerry'
+    >>> [str(piece) for piece in html_pieces('<img src="d.png" alt="A dog">')[0]]
+    ['<img src="d.png" alt="', 'A dog', '">']
     """
     parser = _Parser(document)
     pieces = [MarkupPiece(document[: parser.events[0][0]])] if parser.events else [MarkupPiece(document)]
     ends = [event[0] for event in parser.events[1:]] + [len(document)]
-    for (offset, length, text, preformatted), following in zip(parser.events, ends):
+    for (offset, length, text, preformatted, quote), following in zip(parser.events, ends):
         if length is None:  # markup, up to the next event
             _add(pieces, MarkupPiece(document[offset:following]))
             continue
-        _add(pieces, TextPiece(text, preformatted))
+        _add(pieces, TextPiece(text, preformatted, quote))
         if offset + length < following:  # (what the parser passed over without an event)
             _add(pieces, MarkupPiece(document[offset + length : following]))
     return [piece for piece in pieces if piece], escaper(parser.references)
@@ -73,7 +87,7 @@ def _add(pieces, piece):
         if isinstance(piece, MarkupPiece):
             pieces[-1] = MarkupPiece(pieces[-1] + piece)
             return
-        if pieces[-1].preformatted == piece.preformatted:
+        if (pieces[-1].preformatted, pieces[-1].quote) == (piece.preformatted, piece.quote) and piece.quote is None:
             pieces[-1] = TextPiece(pieces[-1] + piece, piece.preformatted)
             return
     pieces.append(piece)
@@ -93,11 +107,23 @@ def escaper(references=None):
     return lambda text: pattern.sub(lambda match: spelled[match.group()], text)
 
 
+def quote_escaper(quote):
+    """The function that escapes the quote mark `quote` (`"` or `'`) of an
+    attribute's value, after `escaper`'s escapes.
+
+    >>> quote_escaper('"')('Say "hi"'), quote_escaper("'")("It's")
+    ('Say &quot;hi&quot;', 'It&#39;s')
+    """
+    spelled = {'"': "&quot;", "'": "&#39;"}[quote]
+    return lambda text: text.replace(quote, spelled)
+
+
 class _Parser(html.parser.HTMLParser):
     """`html.parser` that notes where each of its events starts in the
-    document: `events` holds `(offset, length, text, preformatted)` for
-    text (`length` characters of the document, `text` decoded) and
-    `(offset, None, None, None)` for markup, which runs to the next event."""
+    document: `events` holds `(offset, length, text, preformatted, quote)`
+    for text (`length` characters of the document, `text` decoded; `quote`
+    the quote mark of an attribute's value, else None) and `(offset, None,
+    None, None, None)` for markup, which runs to the next event."""
 
     def __init__(self, document):
         super().__init__(convert_charrefs=False)
@@ -105,6 +131,7 @@ class _Parser(html.parser.HTMLParser):
         self._line_starts = [0] + [match.end() for match in re.finditer("\n", document)]
         self._document = document
         self._preformatted = 0
+        self._kept = []  # the open elements from one marked not to translate on
         self.feed(document)
         self.close()
 
@@ -112,11 +139,11 @@ class _Parser(html.parser.HTMLParser):
         line, column = self.getpos()
         return self._line_starts[line - 1] + column
 
-    def _markup(self):
-        self.events.append((self._offset(), None, None, None))
+    def _markup(self, offset=None):
+        self.events.append((self._offset() if offset is None else offset, None, None, None, None))
 
     def handle_starttag(self, tag, attrs):
-        self._markup()
+        self._start_tag(tag, attrs, void=tag in VOID)
         if tag in PREFORMATTED:
             self._preformatted += 1
 
@@ -124,9 +151,39 @@ class _Parser(html.parser.HTMLParser):
         self._markup()
         if tag in PREFORMATTED and self._preformatted:
             self._preformatted -= 1
+        if tag in self._kept:  # (the elements left open inside it close with it)
+            del self._kept[len(self._kept) - 1 - self._kept[::-1].index(tag):]
 
     def handle_startendtag(self, tag, attrs):
-        self._markup()
+        self._start_tag(tag, attrs, void=True)
+
+    def _start_tag(self, tag, attrs, void):
+        """A start tag as markup, the values of its attributes for readers
+        as text (quoted, not blank), unless it or an element around it is
+        marked not to translate."""
+        offset = self._offset()
+        self._markup(offset)
+        values = {name: value or "" for name, value in attrs}
+        kept = self._kept or values.get("translate", "").strip().lower() == "no" or (
+            "notranslate" in values.get("class", "").split()
+        )
+        if kept and not void:
+            self._kept.append(tag)
+        if kept:
+            return
+        labelled = tag == "input" and values.get("type", "").strip().lower() in LABELLED_INPUTS
+        written = self.get_starttag_text()
+        # (html.parser's own pattern of an attribute, as it read this tag's.)
+        for match in html.parser.attrfind_tolerant.finditer(written, 1 + len(tag)):
+            name, value = match.group(1).lower(), match.group(3)
+            if not (name in TRANSLATED_ATTRIBUTES or (labelled and name == "value")):
+                continue
+            if value and value[0] in "'\"" and len(value) > 1 and value[1:-1].strip():
+                start = offset + match.start(3) + 1
+                for reference in _REFERENCE.finditer(value[1:-1]):
+                    self._note_spelling(reference.group())
+                self.events.append((start, len(value) - 2, html.unescape(value[1:-1]), False, value[0]))
+                self._markup(start + len(value) - 2)
 
     def handle_comment(self, data):
         self._markup()
@@ -141,20 +198,28 @@ class _Parser(html.parser.HTMLParser):
         self._markup()
 
     def handle_data(self, data):
-        if self.cdata_elem in RAW_TEXT:
+        if self.cdata_elem in RAW_TEXT or self._kept:
             self._markup()
             return
         # (Decoded too: what the parser leaves undecoded, such as a last
         # "&copy" without its ";", a browser shows decoded.)
-        self.events.append((self._offset(), len(data), html.unescape(data), self._preformatted > 0))
+        self.events.append((self._offset(), len(data), html.unescape(data), self._preformatted > 0, None))
 
     def _reference(self):
+        if self._kept:
+            self._markup()
+            return
         offset = self._offset()
         written = _REFERENCE.match(self._document, offset).group()
+        self._note_spelling(written)
+        self.events.append((offset, len(written), html.unescape(written), self._preformatted > 0, None))
+
+    def _note_spelling(self, written):
+        """Notes how the document spelled a character as a reference
+        (`written`, as `&nbsp;`), for its text written back."""
         character = html.unescape(written)
         if len(character) == 1 and character != written and not (character.isascii() and character.isalnum()):
             self.references.setdefault(character, written)
-        self.events.append((offset, len(written), character, self._preformatted > 0))
 
     def handle_entityref(self, name):
         self._reference()

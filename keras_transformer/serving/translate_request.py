@@ -16,8 +16,8 @@ from keras_transformer.serving.errors import ApiError
 from keras_transformer.serving.registry import AUTO
 
 FORMATS = ("text", "html")
-# Formats this server translates; "html" (tags kept, text nodes translated)
-# is refused with a message until it is decoded as documents.
+# Formats this server translates: "html" keeps tags and translates text
+# nodes and the attributes for readers (`documents.Document`).
 
 
 @dataclasses.dataclass(frozen=True)

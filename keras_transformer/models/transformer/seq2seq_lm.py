@@ -394,9 +394,11 @@ class TransformerSeq2SeqLM(EnsembleMembers, PresetIO, keras_hub.models.Seq2SeqLM
                 in place, line breaks and whitespace kept; a sentence
                 longer than the model reads is split at `;:,` or between
                 words (`keras_transformer.documents.Document`).
-            format: `"text"`, or `"html"`: tags and attributes are kept,
-                text nodes translated (not `<script>` or `<style>`), and
-                the translations escaped as the page escaped its text.
+            format: `"text"`, or `"html"`: tags are kept, text nodes and
+                the attributes written for readers (`alt`, `title`, ...)
+                translated (not `<script>`, `<style>` or what is marked
+                `translate="no"`), and the translations escaped as the
+                page escaped its text.
             no_repeat_ngram_size: n > 0: no output repeats n tokens (a
                 guard against degenerate repetition, as fairseq's and
                 transformers'); 0: off.
