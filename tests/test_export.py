@@ -11,6 +11,7 @@ import warnings
 import keras
 import numpy as np
 import pytest
+from helpers import once
 
 from keras_transformer.datasets import multi30k
 from keras_transformer.decoding import beam_search
@@ -281,6 +282,7 @@ def _variables_size(directory):
     return sum(os.path.getsize(os.path.join(folder, name)) for name in os.listdir(folder))
 
 
+@once  # (checks made before any model is traced: the same on every backend)
 def test_a_model_the_export_cannot_hold_is_refused_before_any_work(tmp_path):
     from keras_transformer.models import TransformerBackbone
     from keras_transformer.models import TransformerSeq2SeqLMPreprocessor

@@ -234,6 +234,7 @@ def test_a_failed_save_leaves_the_preset_as_it_was(saved, monkeypatch, tmp_path)
         other.save_to_preset(os.path.join(directory, "NOTES.txt"))
 
 
+@once  # (the command's warning; each backend's evaluate runs in test_training.py)
 def test_cli_evaluate_warns_of_other_languages_than_the_models(saved, capsys, multi30k_dir):
     _, directory = saved  # a de-en model
     cli.main(["evaluate", directory, "--data-dir", multi30k_dir, "--split", "val", "--limit", "2", "--beam-size", "1"])
@@ -243,6 +244,7 @@ def test_cli_evaluate_warns_of_other_languages_than_the_models(saved, capsys, mu
     assert "warning: the model translates de-en; evaluating it on en-de" in capsys.readouterr().err
 
 
+@once  # (the command's lines and options; each backend's command line: test_bad_input.py, test_tensorflow_free.py)
 def test_cli_translate_and_presets(saved, capsys, tmp_path):
     model, directory = saved
     expected = model.generate(SOURCES + [""], beam_size=2, alpha=0.6)
@@ -299,6 +301,7 @@ def test_cli_translate_refuses_bad_input_and_lists_presets(saved, capsys, tmp_pa
     assert listed.keys() == presets.list_presets().keys()
 
 
+@once  # (what a process imports before the check: the same on every backend)
 def test_a_fresh_process_checks_a_saved_directory_before_loading_any_model(saved):
     """`keras-transformer evaluate RUN/model` checks the preset before it
     imports the models, whose classes register themselves on import: the

@@ -26,6 +26,7 @@ from keras_transformer.presets import hub
 from keras_transformer.utils.text import is_blank
 from keras_transformer.utils.text import split_lines
 
+from helpers import once
 from tiny_preset import save_tiny_preset
 
 # Lines that show nothing: a zero-width space, a byte order mark, a soft
@@ -61,6 +62,7 @@ def test_lines_end_at_newline_crlf_and_cr_alone():
         cli_io.decode_lines(b"a\rb\rc \xff\n", "f")
 
 
+@once  # (the command's reading of lines: the same on every backend)
 def test_translate_gives_one_line_per_input_line_whatever_ends_them(tiny, tmp_path, capsys):
     model, directory = tiny
     lines = ["A dog runs.", "Two men play.", "", "A girl sings.", "The cat sleeps."]
@@ -75,6 +77,7 @@ def test_translate_gives_one_line_per_input_line_whatever_ends_them(tiny, tmp_pa
     assert "\\r\\n or \\r" in " ".join(capsys.readouterr().out.split())
 
 
+@once  # (blank sources never reach the search: the same on every backend)
 def test_invisible_lines_are_translated_as_blank_ones(tiny, tmp_path, capsys):
     model, directory = tiny
     assert all(is_blank(text) for text in INVISIBLE) and not is_blank("\u200bA dog.")
@@ -102,6 +105,7 @@ def test_closed_standard_input_or_output_is_said(tiny, monkeypatch):
         cli.main(_translate(directory, "A dog."))
 
 
+@once  # (the command's writing of files: the same on every backend)
 def test_an_output_file_is_written_whole_or_left_as_it_was(tiny, tmp_path, monkeypatch, capsys):
     _, directory = tiny
     output = tmp_path / "out.txt"
