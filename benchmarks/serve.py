@@ -3,10 +3,11 @@
 run.
 
     python benchmarks/serve.py --preset transformer_multi30k_en_de --first-model-only --beam-size 1 \
-        --data-dir PATH/TO/multi30k --sentences 256
+        --data-dir PATH/TO/multi30k --sentences 256 --workers 1,2
 
-The server runs in a process of its own (the command as users start it,
-on a free port); each client sends one sentence a request, taking the next
+The server runs in processes of its own (the command as users start it,
+on a free port; one for each of `--workers`, serving from that many worker
+processes); each client sends one sentence a request, taking the next
 sentence when its answer comes, until every sentence is translated. This
 process loads the same preset and translates the same sentences with
 `generate(..., batch_size=--batch-size)`, the batched speed the server
@@ -50,9 +51,9 @@ def sentences(args):
     return [found[i % len(found)] for i in range(args.sentences)]
 
 
-def start_server(args):
+def start_server(args, workers=1):
     command = [sys.executable, "-m", "keras_transformer.cli", "serve", "--preset", args.preset, "--port", "0",
-               "--beam-size", str(args.beam_size), "--no-access-log"]
+               "--beam-size", str(args.beam_size), "--no-access-log", "--workers", str(workers)]
     command += ["--first-model-only"] if args.first_model_only else []
     command += ["--batch-wait-ms", str(args.batch_wait_ms)] if args.batch_wait_ms is not None else []
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -124,45 +125,52 @@ def main():
     parser.add_argument("--batch-size", type=int, default=32, help="generate's batch size (default: 32)")
     parser.add_argument("--data-dir", help="Multi30k's raw files (default: $KERAS_TRANSFORMER_MULTI30K, else 8 "
                         "sentences repeated)")
+    parser.add_argument("--workers", default="1", help="the servers' --workers, one server each (default: 1)")
     args = parser.parse_args()
     texts = sentences(args)
     clients = [int(c) for c in args.clients.split(",")]
+    workers = [int(w) for w in args.workers.split(",")]
     from keras_transformer.models import TransformerSeq2SeqLM
 
     model = TransformerSeq2SeqLM.from_preset(args.preset, load_ensemble=not args.first_model_only)
     decoding = {"sampler": "greedy"} if args.beam_size == 1 else {"beam_size": args.beam_size}
     model.generate(texts[: args.batch_size], batch_size=args.batch_size, **decoding)  # warm
-    process, host, port = start_server(args)
-    times = {"generate": [], **{n: [] for n in clients}}
-    batch_sizes = {n: [] for n in clients}
-    same = {}
+    servers = {w: start_server(args, w) for w in workers}
+    runs = [(w, n) for w in workers for n in clients]
+    times = {"generate": [], **{run: [] for run in runs}}
+    batch_sizes = {run: [] for run in runs}
+    same, statuses = {}, {}
     try:
-        through_server(host, port, texts[:8], 8)  # warm: the batch sizes of a few clients
+        for _, host, port in servers.values():
+            through_server(host, port, texts[:8], 8)  # warm: the batch sizes of a few clients
         for _ in range(args.rounds):  # in turn, so that a busy spell of the host falls on all alike
             started = time.perf_counter()
             batched = model.generate(texts, batch_size=args.batch_size, **decoding)
             times["generate"].append(time.perf_counter() - started)
-            for n in clients:
+            for w, n in runs:
+                _, host, port = servers[w]
                 seconds, out, mean_batch = through_server(host, port, texts, n)
-                times[n].append(seconds)
-                batch_sizes[n].append(mean_batch)
-                same[n] = sum(a == b for a, b in zip(out, batched)) / len(texts)
+                times[w, n].append(seconds)
+                batch_sizes[w, n].append(mean_batch)
+                same[w, n] = sum(a == b for a, b in zip(out, batched)) / len(texts)
     finally:
-        process.send_signal(signal.SIGTERM)
-        status = process.wait()
+        for w, (process, _, _) in servers.items():
+            process.send_signal(signal.SIGTERM)
+            statuses[w] = process.wait()
     import keras
 
     median = {key: statistics.median(value) for key, value in times.items()}
     print(f"{len(texts)} sentences, {args.preset}{' (first model)' if args.first_model_only else ''}, "
           f"beam {args.beam_size}, backend {keras.config.backend()}, {os.cpu_count()} cores, median of "
-          f"{args.rounds} rounds; server exit status {status}")
-    print(f"{'':<24} {'seconds':>8} {'sentences/s':>12} {'vs generate':>12} {'mean batch':>11}  same text")
-    print(f"{f'generate, batch {args.batch_size}':<24} {median['generate']:8.2f} "
+          f"{args.rounds} rounds; servers' exit statuses {sorted(set(statuses.values()))}")
+    print(f"{'':<34} {'seconds':>8} {'sentences/s':>12} {'vs generate':>12} {'mean batch':>11}  same text")
+    print(f"{f'generate, batch {args.batch_size}':<34} {median['generate']:8.2f} "
           f"{len(texts) / median['generate']:12.1f} {1.0:12.2f} {'':>11}")
-    for n in clients:
-        name = f"server, {n} client{'s' if n > 1 else ''}"
-        print(f"{name:<24} {median[n]:8.2f} {len(texts) / median[n]:12.1f} {median['generate'] / median[n]:12.2f} "
-              f"{statistics.median(batch_sizes[n]):11.1f}  {same[n]:.0%}")
+    for w, n in runs:
+        name = f"server, {n} client{'s' if n > 1 else ''}" + (f", {w} workers" if w > 1 else "")
+        print(f"{name:<34} {median[w, n]:8.2f} {len(texts) / median[w, n]:12.1f} "
+              f"{median['generate'] / median[w, n]:12.2f} {statistics.median(batch_sizes[w, n]):11.1f}  "
+              f"{same[w, n]:.0%}")
 
 
 if __name__ == "__main__":

@@ -32,34 +32,6 @@ from keras_transformer.utils import arguments
 from keras_transformer.utils.locks import locked
 
 DEFAULT_PRESET = cli_formats.DEFAULT_PRESET
-# Set to 1 to see the C++ libraries' log lines (see `_quiet_native_logs`).
-NATIVE_LOGS_VARIABLE = "KERAS_TRANSFORMER_NATIVE_LOGS"
-
-
-def _quiet_native_logs():
-    """Keeps the C++ libraries' start-up notes off the terminal.
-
-    TensorFlow and tensorflow-text write lines such as "oneDNN custom
-    operations are on", "Could not find cuda drivers" or SentencePiece's
-    "precompiled_charsmap is empty" straight to the process's stderr, some
-    before and regardless of TF_CPP_MIN_LOG_LEVEL. Python's own messages
-    (progress bars, warnings, errors) keep going to the terminal through a
-    copy of stderr; what the C++ code writes to the process's stderr goes to
-    the null device. Called by the console script before anything imports
-    TensorFlow; `KERAS_TRANSFORMER_NATIVE_LOGS=1` keeps the lines.
-    """
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    if os.environ.get(NATIVE_LOGS_VARIABLE) == "1":
-        return
-    try:
-        sys.stderr.flush()
-        terminal = os.dup(2)
-        null = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(null, 2)
-        os.close(null)
-        sys.stderr = os.fdopen(terminal, "w", buffering=1, encoding="utf-8", errors="backslashreplace")
-    except (OSError, ValueError, AttributeError):  # no stderr to redirect: leave it
-        pass
 
 
 def _add_train(subparsers):
@@ -307,6 +279,13 @@ def _serve(args):
     from keras_transformer.serving import command
 
     command.require_packages()
+    if args.workers > 1:  # (each worker prepares its own process: this one loads no model)
+        from keras_transformer.serving import workers
+
+        status = workers.run(args)
+        if status:
+            raise SystemExit(status)
+        return
     _leave_out_tensorflow(command.preset_names(args))
     command.serve(args)
 
@@ -395,7 +374,9 @@ def _start_and_run():
 
         tensorflow_free.skip_jax_and_matplotlib()
     if sys.argv[1:2] != ["train"]:
-        _quiet_native_logs()
+        from keras_transformer.utils.native_logs import quiet_native_logs
+
+        quiet_native_logs()
     else:
         os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     if sys.argv[1:2] in (["train"], ["translate"], ["evaluate"], ["serve"]):

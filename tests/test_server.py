@@ -12,6 +12,7 @@ in this process with stand-ins.
 """
 
 import concurrent.futures
+import contextlib
 import http.client
 import json
 import os
@@ -108,19 +109,14 @@ class Server:
         return self.request("GET", "/metrics")[1]
 
 
-@pytest.fixture(scope="module")
-def server():
+@contextlib.contextmanager
+def started_server(*options):
+    """`keras-transformer serve` with `options` in a process of its own, once
+    it serves (its output read as it comes); terminated at the end if it
+    still runs."""
     pytest.importorskip("fastapi", reason='needs FastAPI and uvicorn: pip install "keras-aiayn[serve]"')
     pytest.importorskip("uvicorn", reason='needs FastAPI and uvicorn: pip install "keras-aiayn[serve]"')
-    # The presets that language detection picks among (en-de, the same
-    # model as fr-de, and de-en), where those tests run: in PyTorch's run.
-    # The other backends' runs translate en-de only (a model each loads).
-    others = ["--preset", f"{PRESET}=fr-de", "--preset", REVERSE] if keras.config.backend() == "torch" else []
-    command = [
-        sys.executable, "-m", "keras_transformer.cli", "serve", "--preset", PRESET, *others, "--first-model-only",
-        "--beam-size", "1", "--port", "0", "--batch-wait-ms", "20", "--max-request-chars", str(MAX_CHARS),
-        "--max-sentences", str(MAX_SENTENCES), "--no-access-log",
-    ]
+    command = [sys.executable, "-m", "keras_transformer.cli", "serve", "--port", "0", *options]
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                env={**os.environ, "PYTHONUNBUFFERED": "1"})
     lines = queue.Queue()
@@ -142,6 +138,19 @@ def server():
                 process.wait(60)
             except subprocess.TimeoutExpired:
                 process.kill()
+
+
+@pytest.fixture(scope="module")
+def server():
+    # The presets that language detection picks among (en-de, the same
+    # model as fr-de, and de-en), where those tests run: in PyTorch's run.
+    # The other backends' runs translate en-de only (a model each loads).
+    others = ["--preset", f"{PRESET}=fr-de", "--preset", REVERSE] if keras.config.backend() == "torch" else []
+    with started_server(
+        "--preset", PRESET, *others, "--first-model-only", "--beam-size", "1", "--batch-wait-ms", "20",
+        "--max-request-chars", str(MAX_CHARS), "--max-sentences", str(MAX_SENTENCES), "--no-access-log",
+    ) as running:
+        yield running
 
 
 @pytest.fixture(scope="module")
@@ -179,12 +188,13 @@ def test_documents_and_html_come_back_translated_sentence_by_sentence(server, ex
     status, answer = server.translate(text)
     assert (status, answer) == (
         200, {"translatedText": f"  {expected(first)} {expected(second)}\n\n{expected(third)}\n"})
-    page = f'<p class="a">{first} {second}</p>\n<p title="{third}">{third}</p><script>var x = "{first}";</script>'
+    page = (f'<p class="a">{first} {second}</p>\n<p title="{third}">{third}</p><script>var x = "{first}";</script>'
+            f'<code translate="no">{second}</code>')
     status, answer = server.translate([page, "<br>"], format="html")
     assert status == 200
     assert answer == {"translatedText": [
-        f'<p class="a">{expected(first)} {expected(second)}</p>\n<p title="{third}">{expected(third)}</p>'
-        f'<script>var x = "{first}";</script>',
+        f'<p class="a">{expected(first)} {expected(second)}</p>\n<p title="{expected(third)}">{expected(third)}</p>'
+        f'<script>var x = "{first}";</script><code translate="no">{second}</code>',
         "<br>",  # (markup alone: nothing to translate)
     ]}
     # A paragraph longer than the model reads: each of its sentences translated.
@@ -767,3 +777,54 @@ def test_sigterm_answers_the_requests_in_flight_then_exits(server, expected):
     ]
     assert any(after for _, after in results), "every request was answered before SIGTERM: nothing was in flight"
     assert server.process.wait(120) == 0
+
+
+# --- Several worker processes (--workers) ---
+
+
+@once  # (the command's processes: the same on every backend)
+def test_worker_processes_serve_together_count_together_and_stop_on_sigterm(expected):
+    """Two workers: clients on their own connections get generate's
+    translations, GET /metrics counts every worker's requests, and SIGTERM
+    with requests in flight answers them all, then every process exits."""
+    with started_server("--preset", PRESET, "--first-model-only", "--beam-size", "1", "--workers", "2",
+                        "--no-access-log") as server:
+        assert "in 2 worker processes" in server.log[-1]
+        texts = [[SENTENCES[(i + j) % len(SENTENCES)] for j in range(4)] for i in range(8)]
+        with concurrent.futures.ThreadPoolExecutor(len(texts)) as pool:
+            answers = list(pool.map(server.translate, texts))
+        assert answers == [(200, {"translatedText": [expected(text) for text in q]}) for q in texts]
+        metrics = server.metrics()
+        assert (metrics["workers"], metrics["requests"], metrics["sentences"]) == (2, 8, 32)
+        assert metrics["batches"]["sentences"] == 32 and metrics["responses_by_status"] == {"200": 8}
+
+        stopped = threading.Event()
+
+        def client(q):
+            return server.translate(q), stopped.is_set()
+
+        with concurrent.futures.ThreadPoolExecutor(len(texts)) as pool:
+            futures = [pool.submit(client, SENTENCES) for _ in texts]
+            deadline = time.monotonic() + 60
+            while server.metrics()["requests_in_flight"] < len(texts) and time.monotonic() < deadline:
+                time.sleep(0.01)
+            server.process.send_signal(signal.SIGTERM)
+            stopped.set()
+            results = [future.result() for future in futures]
+        assert [answer for answer, _ in results] == [
+            (200, {"translatedText": [expected(text) for text in SENTENCES]})
+        ] * len(texts)
+        assert any(after for _, after in results), "every request was answered before SIGTERM: nothing was in flight"
+        assert server.process.wait(120) == 0
+        with pytest.raises(OSError):  # nobody listens any more
+            socket.create_connection((server.host, server.port), timeout=5).close()
+
+
+@once
+def test_a_worker_that_cannot_start_stops_the_command_with_its_error(tmp_path):
+    command = [sys.executable, "-m", "keras_transformer.cli", "serve", "--port", "0", "--workers", "2",
+               "--preset", str(tmp_path / "missing")]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 1
+    assert f"error: Unknown preset {str(tmp_path / 'missing')!r}" in result.stderr and "Traceback" not in result.stderr
+    assert "Serving" not in result.stderr + result.stdout

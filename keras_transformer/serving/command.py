@@ -61,6 +61,10 @@ def add_arguments(p):
                    default=batching.DEFAULT_BATCH_WAIT_SECONDS * 1000,
                    help="how long a sentence waits for others to decode with it, when the model is free "
                    f"(default: {batching.DEFAULT_BATCH_WAIT_SECONDS * 1000:g})")
+    p.add_argument("--workers", type=arguments.positive_int, default=1,
+                   help="serve from this many processes, each with its own copy of the models, decoding thread and "
+                   "event loop, on one address (one decodes while another answers and reads requests; each "
+                   "computes with its share of the cores); GET /metrics adds up all of them (default: 1)")
     p.add_argument("--max-request-chars", type=arguments.positive_int, default=Limits.max_request_chars,
                    help="refuse (413) a request whose texts hold more characters than this "
                    f"(default: {Limits.max_request_chars})")
@@ -89,30 +93,57 @@ def require_packages():
 
 
 def serve(args):
-    """Runs the `serve` command: loads the presets (in the decoding thread),
-    then serves until Ctrl-C or SIGTERM, answering the requests in flight."""
+    """Runs the `serve` command in this process: loads the presets (in the
+    decoding thread), then serves until Ctrl-C or SIGTERM, answering the
+    requests in flight. (`--workers N` runs `workers.run` instead.)"""
     require_packages()
+    from keras_transformer.serving.metrics import Metrics
+
+    serve_here(args, Metrics())
+
+
+def serve_here(args, metrics, sockets=None, ready=None):
+    """Serves in this process: the presets loaded in its decoding thread,
+    counting into `metrics`, on `sockets` (by default `--host` and
+    `--port`); `ready(registry)` once it serves (by default, the line that
+    names the address is logged)."""
     import uvicorn
 
     from keras_transformer.serving.app import create_app
-    from keras_transformer.serving.metrics import Metrics
 
-    metrics = Metrics()
     batcher = batching.Batcher(metrics, max_batch_tokens=args.max_batch_tokens, batch_wait=args.batch_wait_ms / 1000)
     registry = batcher.start(load=lambda: load_registry(args))
     limits = Limits(max_request_chars=args.max_request_chars, max_sentences=args.max_sentences)
     app = create_app(registry, batcher, metrics, limits)
     config = uvicorn.Config(app, host=args.host, port=args.port, access_log=not args.no_access_log,
                             lifespan="on", log_level="info")
-    server = _uvicorn_server(config, registry)
+    server = _uvicorn_server(config, registry, ready)
     # Uvicorn raises the signal that stopped it again once it has shut down,
     # with the handlers it found: a shutdown it finished ends with status 0.
     for stop in (signal.SIGINT, signal.SIGTERM):
         signal.signal(stop, lambda *_: None)
     try:
-        server.run()
+        server.run(sockets=sockets)
     finally:
         batcher.close()
+
+
+def prepare_worker_process(args):
+    """What the command's own process does before anything imports a
+    backend (`cli.run`), done again in a worker process, which a fresh
+    interpreter runs: PyTorch without JAX, matplotlib and (for
+    SentencePiece presets) TensorFlow, the native libraries' start-up lines
+    off the terminal, and freed memory kept for reuse."""
+    from keras_transformer.presets.registry import sentencepiece_presets
+    from keras_transformer.utils import tensorflow_free
+    from keras_transformer.utils.memory import reuse_freed_memory
+    from keras_transformer.utils.native_logs import quiet_native_logs
+
+    tensorflow_free.skip_jax_and_matplotlib()
+    if sentencepiece_presets(preset_names(args)):
+        tensorflow_free.skip_tensorflow()
+    quiet_native_logs()
+    reuse_freed_memory()
 
 
 def load_registry(args):
@@ -155,18 +186,26 @@ def decoding_settings(args):
     return {"beam_size": args.beam_size, "alpha": args.alpha, "length_penalty": args.length_penalty}
 
 
-def _uvicorn_server(config, registry):
+def _uvicorn_server(config, registry, ready=None):
     """Uvicorn's server, which also logs the page's URL (with the port
-    chosen for `--port 0`) once it listens."""
+    chosen for `--port 0`) once it listens, or calls `ready(registry)`."""
     import uvicorn
 
     class Server(uvicorn.Server):
         async def startup(self, sockets=None):
             await super().startup(sockets=sockets)
-            if getattr(self, "servers", None):
-                host, port = self.servers[0].sockets[0].getsockname()[:2]
-                host = f"[{host}]" if ":" in host else host
-                logger.info("Serving %s at http://%s:%d/ (the page; the API: POST /translate, GET /languages)",
-                            ", ".join(registry.pairs), host, port)
+            if ready is not None:
+                ready(registry)
+            elif getattr(self, "servers", None):
+                log_address(registry.pairs, self.servers[0].sockets[0])
 
     return Server(config)
+
+
+def log_address(pairs, sock, workers=1):
+    """The line that names the served pairs and the address (with the port
+    chosen for `--port 0`)."""
+    host, port = sock.getsockname()[:2]
+    host = f"[{host}]" if ":" in host else host
+    logger.info("Serving %s at http://%s:%d/ (the page; the API: POST /translate, GET /languages)%s",
+                ", ".join(pairs), host, port, f" in {workers} worker processes" if workers > 1 else "")

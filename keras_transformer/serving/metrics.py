@@ -7,8 +7,8 @@ under one lock.
 
 import threading
 import time
-from collections import Counter
-from collections import deque
+
+import numpy as np
 
 # Latency percentiles are of the last this many translation requests.
 LATENCY_WINDOW = 4096
@@ -37,83 +37,158 @@ def size_bucket(size):
     return "1" if low == 1 else f"{low}-{2 * low - 1}"
 
 
-class Metrics:
-    """Counters of a running server (thread-safe)."""
+# A slot's numbers: the counters, then a count for each HTTP status (100
+# to 599), each batch size's bucket (`size_bucket`: powers of two), and the
+# last `LATENCY_WINDOW` latencies (a ring).
+_COUNTERS = ("requests", "sentences", "in_flight", "disconnects", "batches", "batch_sentences", "batch_max",
+             "decoding_seconds", "latencies")
+_STATUSES, _FIRST_STATUS = 500, 100
+_BUCKETS = 64
+_SLOT = len(_COUNTERS) + _STATUSES + _BUCKETS + LATENCY_WINDOW
 
-    def __init__(self):
+
+class CounterSlots:
+    """The numbers of `Metrics`, a slot a process: in this process's memory
+    (one slot), or in a block of shared memory that worker processes
+    attach to by its `name` (`create`, `attach`), each counting into its
+    own slot.
+
+    Example:
+
+    >>> shared = CounterSlots.create(2)
+    >>> worker = Metrics(CounterSlots.attach(shared.name, slot=1))
+    >>> worker.request_started(3)
+    >>> Metrics(CounterSlots.attach(shared.name, slot=0)).snapshot()["sentences"]
+    3
+    >>> shared.unlink()
+    """
+
+    def __init__(self, slots=1, slot=0, memory=None):
+        self.slots, self.slot, self._memory = slots, slot, memory
+        buffer = memory.buf if memory is not None else None
+        self.values = np.ndarray((slots, _SLOT), np.float64, buffer=buffer) if buffer else np.zeros((slots, _SLOT))
+        self.name = memory.name if memory is not None else None
+
+    @classmethod
+    def create(cls, slots):
+        """A block of shared memory for `slots` processes (zeros), whose
+        creator unlinks it once they are done."""
+        from multiprocessing import shared_memory
+
+        memory = shared_memory.SharedMemory(create=True, size=slots * _SLOT * 8)
+        created = cls(slots, 0, memory)
+        created.values[:] = 0
+        return created
+
+    @classmethod
+    def attach(cls, name, slot):
+        """The block of shared memory `name`, counting into `slot`."""
+        from multiprocessing import shared_memory
+
+        # (Its creator unlinks it. The workers that `multiprocessing` spawns
+        # share their creator's resource tracker, which holds the name once.)
+        memory = shared_memory.SharedMemory(name=name)
+        return cls(memory.size // (_SLOT * 8), slot, memory)
+
+    def unlink(self):
+        """Frees the shared memory (its creator, once the workers ended)."""
+        self.values = None
+        if self._memory is not None:
+            self._memory.close()
+            self._memory.unlink()
+
+    def own(self):
+        """This process's slot: `(counters, statuses, buckets, latencies)` views."""
+        row = self.values[self.slot]
+        a, b, c = len(_COUNTERS), len(_COUNTERS) + _STATUSES, len(_COUNTERS) + _STATUSES + _BUCKETS
+        return row[:a], row[a:b], row[b:c], row[c:]
+
+
+def _column(name):
+    return _COUNTERS.index(name)
+
+
+class Metrics:
+    """Counters of a running server (thread-safe), in `slots` (a
+    `CounterSlots`; by default this process's own)."""
+
+    def __init__(self, slots=None):
         self._lock = threading.Lock()
         self._started = time.monotonic()
-        self._requests = 0
-        self._sentences = 0
-        self._in_flight = 0
-        self._statuses = Counter()
-        self._disconnects = 0
-        self._latencies = deque(maxlen=LATENCY_WINDOW)
-        self._batches = 0
-        self._batch_sentences = 0
-        self._batch_max = 0
-        self._batch_histogram = Counter()
-        self._decoding_seconds = 0.0
+        self.slots = slots or CounterSlots()
+        self._counters, self._statuses, self._buckets, self._latencies = self.slots.own()
+
+    def _add(self, name, value=1):
+        self._counters[_column(name)] += value
 
     def request_started(self, sentences):
         """A translation request whose `sentences` are queued."""
         with self._lock:
-            self._in_flight += 1
-            self._sentences += sentences
+            self._add("in_flight")
+            self._add("sentences", sentences)
 
     def request_finished(self, status, seconds, started=True):
         """A translation request answered with `status` after `seconds`
         (`started`: it had been counted by `request_started`)."""
         with self._lock:
-            self._requests += 1
-            self._statuses[status] += 1
+            self._add("requests")
+            self._statuses[min(max(status - _FIRST_STATUS, 0), _STATUSES - 1)] += 1
             if started:
-                self._in_flight -= 1
+                self._add("in_flight", -1)
             if status == 200:
-                self._latencies.append(seconds)
+                count = int(self._counters[_column("latencies")])
+                self._latencies[count % LATENCY_WINDOW] = seconds
+                self._add("latencies")
 
     def disconnected(self, started=True):
         """A client that left before its translations were ready
         (`started`: its request had been counted by `request_started`)."""
         with self._lock:
-            self._disconnects += 1
+            self._add("disconnects")
             if started:
-                self._in_flight -= 1
+                self._add("in_flight", -1)
 
     def batch_decoded(self, size, seconds):
         """A batch of `size` sentences decoded together in `seconds`."""
         with self._lock:
-            self._batches += 1
-            self._batch_sentences += size
-            self._batch_max = max(self._batch_max, size)
-            self._batch_histogram[size_bucket(size)] += 1
-            self._decoding_seconds += seconds
+            self._add("batches")
+            self._add("batch_sentences", size)
+            column = _column("batch_max")
+            self._counters[column] = max(self._counters[column], size)
+            self._buckets[size.bit_length() - 1] += 1
+            self._add("decoding_seconds", seconds)
 
     def snapshot(self, queued=0):
-        """The counters as `GET /metrics` returns them (`queued`: the
-        sentences waiting for the decoding thread)."""
+        """The counters as `GET /metrics` returns them, every slot's added
+        up (`queued`: the sentences waiting for this process's decoding
+        thread)."""
         with self._lock:
-            latencies = list(self._latencies)
-            errors = sum(count for status, count in self._statuses.items() if status >= 400)
-            return {
-                "uptime_seconds": round(time.monotonic() - self._started, 3),
-                "requests": self._requests,
-                "requests_in_flight": self._in_flight,
-                "sentences": self._sentences,
-                "errors": errors,
-                "responses_by_status": {str(status): count for status, count in sorted(self._statuses.items())},
-                "disconnects": self._disconnects,
-                "latency_seconds": {
-                    f"p{q}": None if not latencies else round(percentile(latencies, q), 6) for q in (50, 90, 99)
-                } | {"count": len(latencies)},
-                "batches": {
-                    "count": self._batches,
-                    "sentences": self._batch_sentences,
-                    "mean_size": round(self._batch_sentences / self._batches, 3) if self._batches else None,
-                    "max_size": self._batch_max,
-                    "size_histogram": dict(sorted(self._batch_histogram.items(), key=lambda item: int(
-                        item[0].split("-")[0]))),
-                    "decoding_seconds": round(self._decoding_seconds, 3),
-                },
-                "queued_sentences": queued,
-            }
+            values = np.array(self.slots.values)  # (a copy: other workers write on)
+        a, b, c = len(_COUNTERS), len(_COUNTERS) + _STATUSES, len(_COUNTERS) + _STATUSES + _BUCKETS
+        counters, statuses, buckets = values[:, :a], values[:, a:b].sum(0), values[:, b:c].sum(0)
+        total = {name: counters[:, i].sum() for i, name in enumerate(_COUNTERS)}
+        latencies = [latency for row, count in zip(values[:, c:], counters[:, _column("latencies")])
+                     for latency in row[: min(int(count), LATENCY_WINDOW)]]
+        batches, batch_sentences = int(total["batches"]), int(total["batch_sentences"])
+        return {
+            "uptime_seconds": round(time.monotonic() - self._started, 3),
+            "workers": self.slots.slots,
+            "requests": int(total["requests"]),
+            "requests_in_flight": int(total["in_flight"]),
+            "sentences": int(total["sentences"]),
+            "errors": int(statuses[400 - _FIRST_STATUS:].sum()),
+            "responses_by_status": {str(i + _FIRST_STATUS): int(n) for i, n in enumerate(statuses) if n},
+            "disconnects": int(total["disconnects"]),
+            "latency_seconds": {
+                f"p{q}": None if not latencies else round(float(percentile(latencies, q)), 6) for q in (50, 90, 99)
+            } | {"count": len(latencies)},
+            "batches": {
+                "count": batches,
+                "sentences": batch_sentences,
+                "mean_size": round(batch_sentences / batches, 3) if batches else None,
+                "max_size": int(counters[:, _column("batch_max")].max()),
+                "size_histogram": {size_bucket(1 << i): int(n) for i, n in enumerate(buckets) if n},
+                "decoding_seconds": round(float(total["decoding_seconds"]), 3),
+            },
+            "queued_sentences": queued,
+        }
