@@ -65,9 +65,10 @@ class CounterSlots:
 
     def __init__(self, slots=1, slot=0, memory=None):
         self.slots, self.slot, self._memory = slots, slot, memory
-        buffer = memory.buf if memory is not None else None
-        self.values = np.ndarray((slots, _SLOT), np.float64, buffer=buffer) if buffer else np.zeros((slots, _SLOT))
-        self.name = memory.name if memory is not None else None
+        if memory is None:
+            self.values, self.name = np.zeros((slots, _SLOT)), None
+        else:
+            self.values, self.name = np.ndarray((slots, _SLOT), np.float64, buffer=memory.buf), memory.name
 
     @classmethod
     def create(cls, slots):
