@@ -757,7 +757,13 @@ def test_the_page_translates_in_a_browser(server, expected):
 @once
 def test_sigterm_answers_the_requests_in_flight_then_exits(server, expected):
     """The module's last server test: it stops the server."""
-    texts = [SENTENCES[i:] + SENTENCES[:i] for i in range(6)]
+    _sigterm_answers_what_is_in_flight(server, [SENTENCES[i:] + SENTENCES[:i] for i in range(6)], expected)
+
+
+def _sigterm_answers_what_is_in_flight(server, texts, expected):
+    """Sends each of `texts` (a list of sentences a request) at once, SIGTERM
+    once they are all in flight: each is answered with `generate`'s
+    translations, some after the signal, and the server exits with 0."""
     stopped = threading.Event()
 
     def client(q):
@@ -797,25 +803,7 @@ def test_worker_processes_serve_together_count_together_and_stop_on_sigterm(expe
         metrics = server.metrics()
         assert (metrics["workers"], metrics["requests"], metrics["sentences"]) == (2, 8, 32)
         assert metrics["batches"]["sentences"] == 32 and metrics["responses_by_status"] == {"200": 8}
-
-        stopped = threading.Event()
-
-        def client(q):
-            return server.translate(q), stopped.is_set()
-
-        with concurrent.futures.ThreadPoolExecutor(len(texts)) as pool:
-            futures = [pool.submit(client, SENTENCES) for _ in texts]
-            deadline = time.monotonic() + 60
-            while server.metrics()["requests_in_flight"] < len(texts) and time.monotonic() < deadline:
-                time.sleep(0.01)
-            server.process.send_signal(signal.SIGTERM)
-            stopped.set()
-            results = [future.result() for future in futures]
-        assert [answer for answer, _ in results] == [
-            (200, {"translatedText": [expected(text) for text in SENTENCES]})
-        ] * len(texts)
-        assert any(after for _, after in results), "every request was answered before SIGTERM: nothing was in flight"
-        assert server.process.wait(120) == 0
+        _sigterm_answers_what_is_in_flight(server, [SENTENCES] * len(texts), expected)
         with pytest.raises(OSError):  # nobody listens any more
             socket.create_connection((server.host, server.port), timeout=5).close()
 

@@ -44,7 +44,11 @@ _COUNTERS = ("requests", "sentences", "in_flight", "disconnects", "batches", "ba
              "decoding_seconds", "latencies")
 _STATUSES, _FIRST_STATUS = 500, 100
 _BUCKETS = 64
-_SLOT = len(_COUNTERS) + _STATUSES + _BUCKETS + LATENCY_WINDOW
+# Where each part of a slot starts, and its size.
+_STATUS_AT = len(_COUNTERS)
+_BUCKET_AT = _STATUS_AT + _STATUSES
+_LATENCY_AT = _BUCKET_AT + _BUCKETS
+_SLOT = _LATENCY_AT + LATENCY_WINDOW
 
 
 class CounterSlots:
@@ -101,8 +105,7 @@ class CounterSlots:
     def own(self):
         """This process's slot: `(counters, statuses, buckets, latencies)` views."""
         row = self.values[self.slot]
-        a, b, c = len(_COUNTERS), len(_COUNTERS) + _STATUSES, len(_COUNTERS) + _STATUSES + _BUCKETS
-        return row[:a], row[a:b], row[b:c], row[c:]
+        return row[:_STATUS_AT], row[_STATUS_AT:_BUCKET_AT], row[_BUCKET_AT:_LATENCY_AT], row[_LATENCY_AT:]
 
 
 def _column(name):
@@ -165,10 +168,10 @@ class Metrics:
         thread)."""
         with self._lock:
             values = np.array(self.slots.values)  # (a copy: other workers write on)
-        a, b, c = len(_COUNTERS), len(_COUNTERS) + _STATUSES, len(_COUNTERS) + _STATUSES + _BUCKETS
-        counters, statuses, buckets = values[:, :a], values[:, a:b].sum(0), values[:, b:c].sum(0)
+        counters = values[:, :_STATUS_AT]
+        statuses, buckets = values[:, _STATUS_AT:_BUCKET_AT].sum(0), values[:, _BUCKET_AT:_LATENCY_AT].sum(0)
         total = {name: counters[:, i].sum() for i, name in enumerate(_COUNTERS)}
-        latencies = [latency for row, count in zip(values[:, c:], counters[:, _column("latencies")])
+        latencies = [latency for row, count in zip(values[:, _LATENCY_AT:], counters[:, _column("latencies")])
                      for latency in row[: min(int(count), LATENCY_WINDOW)]]
         batches, batch_sentences = int(total["batches"]), int(total["batch_sentences"])
         return {
