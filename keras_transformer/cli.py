@@ -24,6 +24,7 @@ import warnings
 from keras_transformer import cli_formats
 from keras_transformer import cli_io
 from keras_transformer import cli_presets
+from keras_transformer import command_process
 from keras_transformer.cli_decoding import add_decoding_options
 from keras_transformer.cli_decoding import add_document_options
 from keras_transformer.cli_decoding import decoding_options
@@ -81,15 +82,12 @@ _OWN_PROCESS = False
 
 def _leave_out_tensorflow(names):
     """On JAX and PyTorch, SentencePiece presets translate without
-    TensorFlow, which takes seconds to import (utils/tensorflow_free.py):
-    left out before anything imports keras-hub (`translate` and `evaluate`
-    call this first), only in the command's own process, not in a caller's
-    of `main`."""
-    from keras_transformer.presets.registry import sentencepiece_presets
-    from keras_transformer.utils import tensorflow_free
-
-    if _OWN_PROCESS and sentencepiece_presets(names):
-        tensorflow_free.skip_tensorflow()
+    TensorFlow (`command_process.leave_out_tensorflow`): left out before
+    anything imports keras-hub (`translate`, `evaluate` and `serve` call
+    this first), only in the command's own process, not in a caller's of
+    `main`."""
+    if _OWN_PROCESS:
+        command_process.leave_out_tensorflow(names)
 
 
 def _load_translator(preset, args):
@@ -367,24 +365,7 @@ def _check_backend_name():
 
 
 def _start_and_run():
-    if sys.argv[1:2] in (["translate"], ["evaluate"], ["serve"]):
-        # On PyTorch, without the JAX and matplotlib that Keras imports
-        # (utils/tensorflow_free.py): decided before anything imports Keras.
-        from keras_transformer.utils import tensorflow_free
-
-        tensorflow_free.skip_jax_and_matplotlib()
-    if sys.argv[1:2] != ["train"]:
-        from keras_transformer.utils.native_logs import quiet_native_logs
-
-        quiet_native_logs()
-    else:
-        os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    if sys.argv[1:2] in (["train"], ["translate"], ["evaluate"], ["serve"]):
-        # Freed memory kept for reuse, set before the backends start their
-        # threads (which keep the heap they start with; utils/memory.py).
-        from keras_transformer.utils.memory import reuse_freed_memory
-
-        reuse_freed_memory()
+    command_process.prepare(sys.argv[1] if len(sys.argv) > 1 else None)
     # Warnings as one line, as the command's own ("warning: ..."), without
     # the source line Python shows for programmers.
     warnings.formatwarning = lambda message, category, *args, **kwargs: f"warning: {message}\n"

@@ -128,24 +128,6 @@ def serve_here(args, metrics, sockets=None, ready=None):
         batcher.close()
 
 
-def prepare_worker_process(args):
-    """What the command's own process does before anything imports a
-    backend (`cli.run`), done again in a worker process, which a fresh
-    interpreter runs: PyTorch without JAX, matplotlib and (for
-    SentencePiece presets) TensorFlow, the native libraries' start-up lines
-    off the terminal, and freed memory kept for reuse."""
-    from keras_transformer.presets.registry import sentencepiece_presets
-    from keras_transformer.utils import tensorflow_free
-    from keras_transformer.utils.memory import reuse_freed_memory
-    from keras_transformer.utils.native_logs import quiet_native_logs
-
-    tensorflow_free.skip_jax_and_matplotlib()
-    if sentencepiece_presets(preset_names(args)):
-        tensorflow_free.skip_tensorflow()
-    quiet_native_logs()
-    reuse_freed_memory()
-
-
 def load_registry(args):
     """The presets of `args` loaded as a `Registry`, each decoded once
     (compiled where the backend compiles), in the thread that decodes."""

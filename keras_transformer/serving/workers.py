@@ -165,12 +165,14 @@ def serve_worker(args, sock, slot, slots_name, messages):
     threads = str(max(1, (os.cpu_count() or 1) // args.workers))
     for variable in ("OMP_NUM_THREADS", "TF_NUM_INTRAOP_THREADS"):
         os.environ.setdefault(variable, threads)
-    from keras_transformer.serving.command import prepare_worker_process
+    from keras_transformer import command_process
+    from keras_transformer.serving.command import preset_names
     from keras_transformer.serving.command import serve_here
     from keras_transformer.serving.metrics import CounterSlots
     from keras_transformer.serving.metrics import Metrics
 
-    prepare_worker_process(args)
+    command_process.prepare("serve")  # (what the command's process does; a fresh interpreter runs this one)
+    command_process.leave_out_tensorflow(preset_names(args))
     try:
         metrics = Metrics(CounterSlots.attach(slots_name, slot))
         serve_here(args, metrics, sockets=[sock], ready=lambda registry: messages.put(("ready", slot, registry.pairs)))
