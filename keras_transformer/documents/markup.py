@@ -39,7 +39,22 @@ _REFERENCE = re.compile(r"&(?:#(?:[0-9]+|[xX][0-9a-fA-F]+)|[a-zA-Z][-.a-zA-Z0-9]
 
 
 class MarkupPiece(str):
-    """Markup of an HTML document, kept as it is."""
+    """Markup of an HTML document, kept as it is, with `tags`: what each
+    part of it is, `(start, end, kind, name)` (its characters
+    `[start, end)`; `kind` "start", "end" or "void" for an element's tag
+    that holds all of it, else None: a comment, a declaration, what an
+    element marked not to translate holds, or a start tag cut by an
+    attribute's text)."""
+
+    def __new__(cls, markup, tags=()):
+        piece = super().__new__(cls, markup)
+        piece.tags = tuple(tags)
+        return piece
+
+    def __add__(self, other):
+        shift = len(self)
+        tags = (*self.tags, *((start + shift, end + shift, kind, name) for start, end, kind, name in other.tags))
+        return MarkupPiece(str.__add__(self, other), tags)
 
 
 class TextPiece(str):
@@ -68,16 +83,23 @@ def html_pieces(document):
     ['<img src="d.png" alt="', 'A dog', '">']
     """
     parser = _Parser(document)
-    pieces = [MarkupPiece(document[: parser.events[0][0]])] if parser.events else [MarkupPiece(document)]
+    pieces = [_markup_piece(document[: parser.events[0][0]])] if parser.events else [_markup_piece(document)]
     ends = [event[0] for event in parser.events[1:]] + [len(document)]
     for (offset, length, text, preformatted, quote), following in zip(parser.events, ends):
-        if length is None:  # markup, up to the next event
-            _add(pieces, MarkupPiece(document[offset:following]))
+        if length is None:  # markup, up to the next event; `text` is its tag's (kind, name) or None
+            _add(pieces, _markup_piece(document[offset:following], text))
             continue
         _add(pieces, TextPiece(text, preformatted, quote))
         if offset + length < following:  # (what the parser passed over without an event)
-            _add(pieces, MarkupPiece(document[offset + length : following]))
+            _add(pieces, _markup_piece(document[offset + length : following]))
     return [piece for piece in pieces if piece], escaper(parser.references)
+
+
+def _markup_piece(markup, tag=None):
+    """`markup` as a `MarkupPiece`, all of it one part: the tag `tag`
+    (`(kind, name)`) or, for None, other markup."""
+    kind, name = tag or (None, None)
+    return MarkupPiece(markup, [(0, len(markup), kind, name)] if markup else [])
 
 
 def _add(pieces, piece):
@@ -85,7 +107,7 @@ def _add(pieces, piece):
     both text of the same kind."""
     if pieces and type(pieces[-1]) is type(piece):
         if isinstance(piece, MarkupPiece):
-            pieces[-1] = MarkupPiece(pieces[-1] + piece)
+            pieces[-1] = pieces[-1] + piece
             return
         if (pieces[-1].preformatted, pieces[-1].quote) == (piece.preformatted, piece.quote) and piece.quote is None:
             pieces[-1] = TextPiece(pieces[-1] + piece, piece.preformatted)
@@ -123,7 +145,9 @@ class _Parser(html.parser.HTMLParser):
     document: `events` holds `(offset, length, text, preformatted, quote)`
     for text (`length` characters of the document, `text` decoded; `quote`
     the quote mark of an attribute's value, else None) and `(offset, None,
-    None, None, None)` for markup, which runs to the next event."""
+    tag, None, None)` for markup, which runs to the next event: `tag` is
+    `(kind, name)` for an element's whole tag (kind "start", "end" or
+    "void"), else None."""
 
     def __init__(self, document):
         super().__init__(convert_charrefs=False)
@@ -139,8 +163,8 @@ class _Parser(html.parser.HTMLParser):
         line, column = self.getpos()
         return self._line_starts[line - 1] + column
 
-    def _markup(self, offset=None):
-        self.events.append((self._offset() if offset is None else offset, None, None, None, None))
+    def _markup(self, offset=None, tag=None):
+        self.events.append((self._offset() if offset is None else offset, None, tag, None, None))
 
     def handle_starttag(self, tag, attrs):
         self._start_tag(tag, attrs, void=tag in VOID)
@@ -148,7 +172,7 @@ class _Parser(html.parser.HTMLParser):
             self._preformatted += 1
 
     def handle_endtag(self, tag):
-        self._markup()
+        self._markup(tag=None if self._kept else ("end", tag))
         if tag in PREFORMATTED and self._preformatted:
             self._preformatted -= 1
         if tag in self._kept:  # (the elements left open inside it close with it)
@@ -162,23 +186,25 @@ class _Parser(html.parser.HTMLParser):
         as text (quoted, not blank), unless it or an element around it is
         marked not to translate."""
         offset = self._offset()
-        self._markup(offset)
         values = {name: value or "" for name, value in attrs}
         kept = self._kept or values.get("translate", "").strip().lower() == "no" or (
             "notranslate" in values.get("class", "").split()
         )
+        self._markup(offset, None if kept else ("void" if void else "start", tag))
         if kept and not void:
             self._kept.append(tag)
         if kept:
             return
         labelled = tag == "input" and values.get("type", "").strip().lower() in LABELLED_INPUTS
         written = self.get_starttag_text()
+        tag_event = len(self.events) - 1
         # (html.parser's own pattern of an attribute, as it read this tag's.)
         for match in html.parser.attrfind_tolerant.finditer(written, 1 + len(tag)):
             name, value = match.group(1).lower(), match.group(3)
             if not (name in TRANSLATED_ATTRIBUTES or (labelled and name == "value")):
                 continue
             if value and value[0] in "'\"" and len(value) > 1 and value[1:-1].strip():
+                self.events[tag_event] = (offset, None, None, None, None)  # (cut by its text: not whole)
                 start = offset + match.start(3) + 1
                 for reference in _REFERENCE.finditer(value[1:-1]):
                     self._note_spelling(reference.group())

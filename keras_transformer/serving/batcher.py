@@ -45,11 +45,14 @@ MAX_RETURN_WAIT_SECONDS = 0.2
 
 def estimate_tokens(text):
     """About the number of subword tokens of `text` (with its start and end
-    tokens): one a 4 bytes of UTF-8, as the budget counts them.
+    tokens): one a 4 bytes of UTF-8, as the budget counts them; of a pair
+    of texts (a sentence and its translation, aligned), both.
 
     >>> estimate_tokens("A man is riding a bicycle.")
     8
     """
+    if isinstance(text, tuple):
+        return sum(map(estimate_tokens, text))
     return 2 + len(text.encode("utf-8")) // 4
 
 
@@ -262,7 +265,8 @@ class Batcher:
             return
         self._last_batch_end = time.monotonic()
         self._last_batch_seconds = self._last_batch_end - started
-        self.metrics.batch_decoded(len(batch), self._last_batch_seconds)
+        if getattr(batch[0][0].route, "counted", True):  # (not a batch of alignments)
+            self.metrics.batch_decoded(len(batch), self._last_batch_seconds)
         for (job, index), output in zip(batch, outputs):
             job.results[index] = output
             job.remaining -= 1

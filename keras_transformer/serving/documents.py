@@ -7,7 +7,11 @@ and HTML markup kept.
 """
 
 from keras_transformer.documents import Document
+from keras_transformer.documents.document import assembled
+from keras_transformer.documents.document import markup_pairs
 from keras_transformer.models.transformer.generation import document_options
+
+__all__ = ["assembled", "markup_pairs", "split_documents"]
 
 
 def split_documents(route, texts, text_format):
@@ -16,14 +20,3 @@ def split_documents(route, texts, text_format):
     options = document_options(route.served.model, route.source_language)
     documents = [Document(text, format=text_format, **options) for text in texts]
     return documents, [segment for document in documents for segment in document.segments]
-
-
-def assembled(documents, translations):
-    """Each document put back together from its segments' translations
-    (`translations`: all documents' segments', in order)."""
-    texts, start = [], 0
-    for document in documents:
-        end = start + len(document.segments)
-        texts.append(document.assemble(translations[start:end]))
-        start = end
-    return texts

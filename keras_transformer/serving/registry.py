@@ -60,14 +60,44 @@ class Route:
 
     def generate(self, texts):
         """The translations of `texts` (a list), decoded together."""
+        return self.served.model.generate(
+            list(texts), batch_size=max(1, len(texts)), verbose=0, **self.served.decoding, **self._languages()
+        )
+
+    @property
+    def aligner(self):
+        """The route that aligns this one's sentences with their
+        translations (inline HTML markup), on the same decoding thread."""
+        return AlignmentRoute(self)
+
+    def _languages(self):
         languages = {}
         if self.source_language is not None:
             languages["source_language"] = self.source_language
         if self.target_language is not None:
             languages["target_language"] = self.target_language
-        return self.served.model.generate(
-            list(texts), batch_size=max(1, len(texts)), verbose=0, **self.served.decoding, **languages
-        )
+        return languages
+
+
+@dataclasses.dataclass(frozen=True)
+class AlignmentRoute:
+    """The word alignments of a route's sentences and their translations
+    (`generation.markup_alignments`): its `generate` takes `(sentence,
+    translation)` pairs. Its batches are not counted as translations'
+    (`counted`)."""
+
+    route: Route
+    counted = False
+
+    @property
+    def key(self):
+        return ("align", *self.route.key)
+
+    def generate(self, pairs):
+        from keras_transformer.models.transformer.generation import markup_alignments
+
+        sources, targets = zip(*pairs)
+        return markup_alignments(self.route.served.model, list(sources), list(targets), **self.route._languages())
 
 
 def parse_preset_argument(value):

@@ -17,6 +17,7 @@ import time
 
 from keras_transformer.serving.batcher import Job
 from keras_transformer.serving.documents import assembled
+from keras_transformer.serving.documents import markup_pairs
 from keras_transformer.serving.documents import split_documents
 from keras_transformer.serving.errors import ApiError
 from keras_transformer.serving.errors import error_response
@@ -70,12 +71,9 @@ def translate_handler(registry, batcher, metrics, limits):
         except ValueError as error:
             metrics.request_finished(400, time.monotonic() - started, started=False)
             raise ApiError(400, f"Cannot translate text: {error}") from None
-        translations = []
-        if segments:  # (texts of whitespace or markup only: nothing to decode)
-            translations = await _translations(request, batcher, metrics, route, segments, started)
+        translations = await _documents_translated(request, batcher, metrics, route, documents, segments, started)
         if translations is None:  # the client left: nobody reads this
             return JSONResponse({"error": "client closed the request"}, status_code=499)
-        translations = assembled(documents, translations)
         answer = {"translatedText": translations[0] if checked.single else translations}
         if checked.source == AUTO:  # as LibreTranslate names a detected language
             detected = {"confidence": confidence, "language": route.pair[0]}
@@ -131,9 +129,30 @@ async def _by_size(checked, function, *args):
     return await asyncio.get_running_loop().run_in_executor(None, function, *args)
 
 
-async def _translations(request, batcher, metrics, route, texts, started):
+async def _documents_translated(request, batcher, metrics, route, documents, segments, started):
+    """`documents` translated (their `segments` decoded by `batcher`,
+    then, where inline HTML elements cut sentences, the sentences aligned
+    with their translations, on the decoding thread too); None if the
+    client left first."""
+    if not segments:  # (texts of whitespace or markup only: nothing to decode)
+        return assembled(documents, [])
+    marked = any(document.markup_segments for document in documents)
+    translations = await _translations(request, batcher, metrics, route, segments, started, closes=not marked)
+    alignments = None
+    if translations is not None and marked:
+        pairs = list(zip(*markup_pairs(documents, translations)))
+        alignments = await _translations(request, batcher, metrics, route.aligner, pairs, started, opens=False)
+        if alignments is None:
+            return None
+    return None if translations is None else assembled(documents, translations, alignments)
+
+
+async def _translations(request, batcher, metrics, route, texts, started, opens=True, closes=True):
     """The translations of `texts`, decoded by `batcher` with other
-    requests' sentences; None if the client left first."""
+    requests' sentences; None if the client left first. A request that
+    goes to the batcher twice (translations, then their word alignments:
+    `route.aligner`) is counted from the first (`opens`) to the last
+    (`closes`)."""
     loop = asyncio.get_running_loop()
     future = loop.create_future()
 
@@ -145,9 +164,10 @@ async def _translations(request, batcher, metrics, route, texts, started):
     try:
         batcher.submit(job)
     except RuntimeError as error:
-        metrics.request_finished(503, time.monotonic() - started, started=False)
+        metrics.request_finished(503, time.monotonic() - started, started=not opens)
         raise ApiError(503, f"Cannot translate text: {error}") from None
-    metrics.request_started(len(texts))
+    if opens:
+        metrics.request_started(len(texts))
     watcher = asyncio.ensure_future(_client_leaves(request))
     try:
         await asyncio.wait({future, watcher}, return_when=asyncio.FIRST_COMPLETED)
@@ -165,7 +185,8 @@ async def _translations(request, batcher, metrics, route, texts, started):
             logger.error("translation failed", exc_info=outcome)
         metrics.request_finished(status, time.monotonic() - started)
         raise ApiError(status, f"Cannot translate text: {outcome}")
-    metrics.request_finished(200, time.monotonic() - started)
+    if closes:
+        metrics.request_finished(200, time.monotonic() - started)
     return outcome
 
 

@@ -18,7 +18,9 @@ from keras_transformer.decoding.settings import check_int
 from keras_transformer.documents.document import FORMATS
 from keras_transformer.documents.document import Document
 from keras_transformer.documents.document import assembled
+from keras_transformer.documents.document import markup_pairs
 from keras_transformer.documents.document import segments_of
+from keras_transformer.models.transformer.alignment import alignments
 from keras_transformer.models.transformer.languages import model_languages
 from keras_transformer.models.transformer.languages import with_languages
 from keras_transformer.models.transformer.seq2seq_lm_preprocessor import source_texts
@@ -69,7 +71,9 @@ def generate(
             source_language=source_language, target_language=target_language,
             no_repeat_ngram_size=no_repeat_ngram_size,
         )
-        outputs = assembled(documents, outputs)
+        sources, targets = markup_pairs(documents, outputs)
+        found = markup_alignments(model, sources, targets, source_language, target_language, target_prefix)
+        outputs = assembled(documents, outputs, found)
         return outputs[0] if single else outputs
     keras_hub_sampler = isinstance(sampler, keras_hub.samplers.Sampler)
     if not keras_hub_sampler and sampler not in ("beam", "greedy", *SAMPLINGS):
@@ -120,6 +124,23 @@ def generate(
     else:
         outputs = decode([result[0][0] if result else [] for result in results])
     return outputs[0] if single else outputs
+
+
+def markup_alignments(model, sources, targets, source_language=None, target_language=None, target_prefix=None):
+    """The word alignments of the sentences that inline HTML elements cut
+    (`documents.document.markup_pairs`) and their translations
+    (`alignment.alignments`; source characters those of the sentences,
+    without the language code a multilingual model reads first), for
+    `documents.document.assembled`."""
+    if not sources:
+        return []
+    texts, prefix = _with_languages(model, sources, source_language, target_language, target_prefix)
+    found = alignments(model, texts, targets, target_prefix=model.target_prefix_ids(prefix))
+    shifts = [len(text) - len(source) if text.endswith(source) else 0 for text, source in zip(texts, sources)]
+    return [
+        [(ts, te, ss - shift, se - shift) for ts, te, ss, se in pairs if ss >= shift]
+        for pairs, shift in zip(found, shifts)
+    ]
 
 
 def _documents(model, inputs, split_sentences, format, source_language):
