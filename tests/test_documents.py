@@ -5,9 +5,12 @@ with translations that are the sentences themselves or reversed; and
 sentences translated one by one."""
 
 import contextlib
+import html
 import html.parser
 import io
+import re
 
+import numpy as np
 import pytest
 from helpers import once
 
@@ -176,6 +179,69 @@ def test_html_translates_the_attributes_for_readers_and_keeps_what_is_marked_not
     assert '<div class="box notranslate"><p>Not this. <img alt="Nor this."></div>' in translated
 
 
+def word_alignment(source, target, pairs):
+    """An alignment as `alignment.alignments` gives one, from `(target
+    word, source word)` pairs (each word's first occurrence)."""
+    return [(target.index(t), target.index(t) + len(t), source.index(w), source.index(w) + len(w)) for t, w in pairs]
+
+
+class Tags(html.parser.HTMLParser):
+    """The start and end tags of a page, in order, and whether they nest."""
+
+    def __init__(self, page):
+        super().__init__()
+        self.found, self.open, self.nested = [], [], True
+        self.feed(page)
+
+    def handle_starttag(self, tag, attrs):
+        self.found.append(("start", tag, tuple(attrs)))
+        self.open.append(tag)
+
+    def handle_endtag(self, tag):
+        self.found.append(("end", tag))
+        self.nested = self.nested and bool(self.open) and self.open.pop() == tag
+
+
+@once
+def test_inline_elements_go_with_their_sentence_and_around_the_words_their_words_became():
+    page = ('<p>A <b>big</b> dog <a href="/x">runs</a> home. <i>Two <em>red</em> cats</i> sleep. '
+            "One <b>two. Three</b> four. <span>All of it.</span></p>")
+    document = Document(page, format="html")
+    # Whole sentences; one that an element holds whole takes no markup.
+    assert document.segments == ["A big dog runs home.", "Two red cats sleep.", "One two.", "Three four.",
+                                 "All of it."]
+    assert document.markup_segments == [0, 1, 2, 3]
+    assert document.assemble(document.segments) == page  # each word where it was
+    # Words that change order take their elements along; elements inside
+    # others stay inside; punctuation outside an element stays outside.
+    source, target = "A very red car stops.", "Une voiture très rouge s'arrête."
+    pairs = [("Une", "A"), ("voiture", "car"), ("très", "very"), ("rouge", "red"), ("s'arrête.", "stops.")]
+    document = Document("<p>A <b>very <i>red</i></b> <u>car</u> stops.</p>", format="html")
+    assert document.segments == [source]
+    found = document.assemble([target], [word_alignment(source, target, pairs)])
+    assert found == "<p>Une <u>voiture</u> <b>très <i>rouge</i></b> s'arrête.</p>"
+    stop = Document("<p>The car <b>stops</b>.</p>", format="html")
+    pairs = [("La", "The"), ("voiture", "car"), ("s'arrête.", "stops")]
+    found = stop.assemble(["La voiture s'arrête."], [word_alignment("The car stops.", "La voiture s'arrête.", pairs)])
+    assert found == "<p>La voiture <b>s'arrête</b>.</p>"
+    # Elements whose words align alike, or with nothing, still nest, each once.
+    for pairs in ([("Une", "A"), ("voiture", "very"), ("très", "very"), ("rouge", "very")], [("Une", "stops.")],
+                  [("voiture", "car"), ("s'arrête.", "car"), ("très", "very")], [("très", "very"), ("s'arrête.", "car")]):
+        found = document.assemble([target], [word_alignment(source, target, pairs)])
+        tags = Tags(found)
+        assert tags.nested and not tags.open and sorted(tags.found) == sorted(Tags(document.text).found)
+        assert html.unescape(re.sub("<[^>]*>", "", found)) == target
+
+
+@once
+def test_inline_markup_that_does_not_nest_or_a_sentence_too_long_is_kept_between_pieces():
+    page = "<p>Bad <b><i>nest</b></i> here. A <b>long</b> sentence of many words.</p>"
+    document = Document(page, format="html", max_tokens=4)
+    assert document.segments == ["Bad", "nest", "here.", "A", "long", "sentence of many words."]
+    assert document.markup_segments == []
+    assert document.assemble(document.segments) == page
+
+
 @once
 def test_html_escapes_what_a_translation_writes():
     document = Document("<p>A &lt;b&gt; tag.</p>", format="html")
@@ -227,6 +293,42 @@ def test_generate_translates_documents_sentence_by_sentence(preset_model):
     expected = f'<p class="a">{each[0]} <b>{each[1]}</b></p>\n<p>{each[2]}</p>'
     # (An element that holds a whole sentence stays around its translation.)
     assert preset_model.generate(page, format="html", split_sentences=True) == expected
+
+
+def test_word_alignments_are_each_pairs_attention_and_find_the_words(preset_model):
+    from keras_transformer.models.transformer.alignment import alignments
+    from keras_transformer.models.transformer.alignment import token_spans
+    from keras_transformer.visualization import attention_maps
+
+    translations = preset_model.generate(SENTENCES)
+    found = alignments(preset_model, SENTENCES, translations, batch_size=2)  # (pairs padded together)
+    words = set()
+    for source, target, pairs in zip(SENTENCES, translations, found):
+        # One pair alone, unpadded: each target token with the source token
+        # that the attention of the step predicting it weighs most.
+        maps = attention_maps(preset_model, source, target)
+        weights = np.mean([layer.mean(axis=0) for layer in maps["cross_attention"]], axis=0)
+        source_spans = token_spans(source, maps["source_tokens"])
+        readable = [j for j, span in enumerate(source_spans) if span]
+        target_spans = token_spans(target, maps["target_tokens"][1:])
+        spelled = [k for k, span in enumerate(target_spans) if span]
+        expected = []
+        for k in spelled:
+            j = max(readable, key=lambda j: weights[k, j])
+            mutual = max(spelled, key=lambda other: weights[other, j]) == k  # (both ways)
+            expected.append((*target_spans[k], *source_spans[j], mutual))
+        assert pairs == expected
+        words |= {(target[ts:te], source[ss:se]) for ts, te, ss, se, mutual in pairs if mutual}
+    assert {("Fahrrad", "bicycle"), ("Hunde", "dogs"), ("Schnee", "snow"), ("Frau", "woman")} <= words
+
+
+def test_generate_carries_inline_elements_into_whole_sentences(preset_model):
+    each = preset_model.generate(SENTENCES)
+    page = (f'<p>A man rides a <b>bicycle</b> down the street. Two <a href="/d">dogs</a> play in the snow!</p>'
+            f"<p>{SENTENCES[2]}</p>")
+    found = preset_model.generate(page, format="html", split_sentences=True)
+    assert re.sub("<[^>]*>", "", found) == f"{each[0]} {each[1]}{each[2]}"  # each sentence translated whole
+    assert "<b>Fahrrad</b>" in found and '<a href="/d">Hunde</a>' in found
 
 
 @once

@@ -162,10 +162,11 @@ def expected():
     model = TransformerSeq2SeqLM.from_preset(PRESET, load_ensemble=False)
     found = {}
 
-    def translation(text):
-        if text not in found:
-            found[text] = model.generate(text, sampler="greedy")
-        return found[text]
+    def translation(text, **options):
+        key = (text, *sorted(options.items()))
+        if key not in found:
+            found[key] = model.generate(text, sampler="greedy", **options)
+        return found[key]
 
     return translation
 
@@ -197,6 +198,12 @@ def test_documents_and_html_come_back_translated_sentence_by_sentence(server, ex
         f'<script>var x = "{first}";</script><code translate="no">{second}</code>',
         "<br>",  # (markup alone: nothing to translate)
     ]}
+    # Inline elements: sentences translated whole, the elements around
+    # the words aligned with theirs (on the server's decoding thread).
+    page = f"<p>{first.replace('bicycle', '<b>bicycle</b>')} {SENTENCES[6].replace('beach', '<i>beach</i>')}</p>"
+    status, answer = server.translate(page, format="html")
+    assert (status, answer) == (200, {"translatedText": expected(page, format="html", split_sentences=True)})
+    assert "<b>" in answer["translatedText"] and "<i>" in answer["translatedText"]
     # A paragraph longer than the model reads: each of its sentences translated.
     status, answer = server.translate(" ".join([first] * 60))
     assert (status, answer) == (200, {"translatedText": " ".join([expected(first)] * 60)})

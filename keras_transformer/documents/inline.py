@@ -155,8 +155,9 @@ def place_markup(source, translation, tags, alignment, escape):
         source: the sentence (a string).
         translation: its translation.
         tags: the sentence's `InlineTag`s, positions in the sentence.
-        alignment: `(target_start, target_end, source_start, source_end)`
-            for the translation's tokens (`alignment.alignments`).
+        alignment: `(target_start, target_end, source_start, source_end,
+            mutual)` for the translation's tokens (`alignment.alignments`;
+            without `mutual`, each is).
         escape: the document's escape for text.
 
     >>> tags = [InlineTag(2, "start", "<b>", 0), InlineTag(5, "end", "</b>", 0)]
@@ -220,19 +221,21 @@ def _place_children(parent, source, translation, alignment):
 
 def _target_range(element, source, translation, alignment, low, high):
     """The characters of the translation an element holds: the tokens
-    aligned with its words, whole words, within `[low, high)`, without
-    punctuation at an edge where the element's own text has none."""
-    hits = [(ts, te) for ts, te, ss, se in alignment if ss < element.b and se > element.a]
+    aligned with its words (mutually, where any is), whole words, within
+    `[low, high)`, without punctuation at an edge where the element's own
+    text has none."""
+    held = [entry for entry in alignment if entry[2] < element.b and entry[3] > element.a]
+    hits = [entry[:2] for entry in held if len(entry) < 5 or entry[4]] or [entry[:2] for entry in held]
     if hits:
         start = _word_start(translation, min(ts for ts, _ in hits), low)
         end = _word_end(translation, max(te for _, te in hits), high)
-        held = source[element.a : element.b].strip()
+        held = source[element.a : min(element.b, len(source))].strip()
         while start < end and _bare(translation[start]) and not (held and _bare(held[0])):
             start += 1
         while end > start and _bare(translation[end - 1]) and not (held and _bare(held[-1])):
             end -= 1
     else:  # no word: where the next source word's translation starts
-        following = sorted(ts for ts, _, ss, _ in alignment if ss >= element.a)
+        following = sorted(entry[0] for entry in alignment if entry[2] >= element.a)
         start = end = _word_start(translation, following[0] if following else high, low)
     if element.start is None:
         start = low
