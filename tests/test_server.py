@@ -237,7 +237,7 @@ def test_languages_health_and_metrics(server):
     assert status == 200
     assert {"code": "en", "name": "English", "targets": ["de"]} in languages
     assert server.request("GET", "/health") == (
-        200, {"status": "ok", "models": [PRESET, PRESET, REVERSE], "pairs": ["en-de", "fr-de", "de-en"]}
+        200, {"status": "ok", "models": [PRESET, PRESET, REVERSE], "pairs": ["en-de", "fr-de", "de-en"], "workers": 1}
     )
     server.translate(SENTENCES[5])
     metrics = server.metrics()
@@ -644,12 +644,15 @@ def test_the_clients_queued_and_those_answered_make_one_batch():
     assert sizes[:3] == [4, 8, 8], sizes
 
 
+class Stopping(FakeModel):
+    """A model whose decoding stops its thread."""
+
+    def generate(self, texts, **kwargs):
+        raise SystemExit("stopped")
+
+
 @once
 def test_requests_are_answered_when_the_decoding_thread_stops():
-    class Stopping(FakeModel):
-        def generate(self, texts, **kwargs):
-            raise SystemExit("stopped")
-
     route, outcomes = FakeRoute("a", Stopping()), {}
     batcher = Batcher(Metrics(), batch_wait=0)
     jobs = [_job(route, ["s1"], outcomes), _job(route, ["s2"], outcomes)]
@@ -664,6 +667,31 @@ def test_requests_are_answered_when_the_decoding_thread_stops():
     assert not batcher.alive
     with pytest.raises(RuntimeError):
         batcher.submit(_job(route, ["s3"], outcomes))
+
+
+@once
+def test_health_fails_once_any_workers_decoding_thread_stopped():
+    """`GET /health` of a worker whose own decoding thread runs says so
+    once another worker's stopped (their counters share memory)."""
+    from types import SimpleNamespace
+
+    from keras_transformer.serving.app import health_answer
+    from keras_transformer.serving.metrics import CounterSlots
+
+    shared = CounterSlots.create(2)
+    try:
+        first, second = (Metrics(CounterSlots.attach(shared.name, slot)) for slot in (0, 1))
+        registry, running = SimpleNamespace(served=[], pairs=["en-de"]), SimpleNamespace(alive=True)
+        assert health_answer(registry, running, first)[0] == 200
+        stopped = Batcher(second, batch_wait=0)
+        stopped.submit(_job(FakeRoute("a", Stopping()), ["s1"], {}))
+        stopped.start()
+        stopped.close(timeout=30)
+        assert health_answer(registry, running, first) == (
+            503, {"status": "error", "error": "the decoding thread stopped in 1 of 2 worker processes"})
+    finally:
+        first.slots.close(), second.slots.close()
+        shared.unlink()
 
 
 @once

@@ -28,6 +28,29 @@ from keras_transformer.serving.translate_route import translate_handler
 CORS = {"allow_origins": ["*"], "allow_methods": ["GET", "POST"], "allow_headers": ["*"]}
 
 
+def health_answer(registry, batcher, metrics):
+    """`GET /health`'s status and answer: 200 while every worker process
+    decodes (its decoding thread runs), else 503 naming how many stopped.
+
+    Example, a server of one process:
+
+    >>> from types import SimpleNamespace
+    >>> from keras_transformer.serving.metrics import Metrics
+    >>> registry = SimpleNamespace(served=[SimpleNamespace(name="m")], pairs=["en-de"])
+    >>> health_answer(registry, SimpleNamespace(alive=True), Metrics())
+    (200, {'status': 'ok', 'models': ['m'], 'pairs': ['en-de'], 'workers': 1})
+    >>> health_answer(registry, SimpleNamespace(alive=False), Metrics())
+    (503, {'status': 'error', 'error': 'the decoding thread stopped'})
+    """
+    workers = metrics.slots.slots
+    stopped = set(metrics.stopped_workers()) | ({metrics.slots.slot} if not batcher.alive else set())
+    if stopped:
+        where = f" in {len(stopped)} of {workers} worker processes" if workers > 1 else ""
+        return 503, {"status": "error", "error": f"the decoding thread stopped{where}"}
+    models = [served.name for served in registry.served]
+    return 200, {"status": "ok", "models": models, "pairs": registry.pairs, "workers": workers}
+
+
 def create_app(registry, batcher, metrics, limits=Limits()):
     """The ASGI application serving `registry`'s models through `batcher`
     (FastAPI's, with `POST /translate` on its fast path and CORS headers
@@ -65,9 +88,8 @@ def create_app(registry, batcher, metrics, limits=Limits()):
 
     @app.get("/health")
     async def health():
-        if not batcher.alive:
-            return JSONResponse({"status": "error", "error": "the decoding thread stopped"}, status_code=503)
-        return {"status": "ok", "models": [served.name for served in registry.served], "pairs": registry.pairs}
+        status, answer = health_answer(registry, batcher, metrics)
+        return JSONResponse(answer, status_code=status)
 
     @app.get("/metrics")
     async def metrics_route():

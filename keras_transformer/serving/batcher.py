@@ -185,6 +185,7 @@ class Batcher:
                     self._decode(batch)
         except BaseException as error:  # noqa: BLE001 - the thread's end: no request is left waiting
             logger.critical("the decoding thread stopped", exc_info=error)
+            self.metrics.decoding_stopped()
             with self._condition:
                 self._closing = True
                 jobs = _jobs_of([*(batch or ()), *self._items])

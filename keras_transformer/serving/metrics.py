@@ -41,7 +41,7 @@ def size_bucket(size):
 # to 599), each batch size's bucket (`size_bucket`: powers of two), and the
 # last `LATENCY_WINDOW` latencies (a ring).
 _COUNTERS = ("requests", "sentences", "in_flight", "disconnects", "batches", "batch_sentences", "batch_max",
-             "decoding_seconds", "latencies")
+             "decoding_seconds", "latencies", "decoding_stopped")
 _STATUSES, _FIRST_STATUS = 500, 100
 _BUCKETS = 64
 # Where each part of a slot starts, and its size.
@@ -95,11 +95,16 @@ class CounterSlots:
         memory = shared_memory.SharedMemory(name=name)
         return cls(memory.size // (_SLOT * 8), slot, memory)
 
-    def unlink(self):
-        """Frees the shared memory (its creator, once the workers ended)."""
+    def close(self):
+        """Detaches from the shared memory (a process done with it)."""
         self.values = None
         if self._memory is not None:
             self._memory.close()
+
+    def unlink(self):
+        """Frees the shared memory (its creator, once the workers ended)."""
+        self.close()
+        if self._memory is not None:
             self._memory.unlink()
 
     def own(self):
@@ -161,6 +166,18 @@ class Metrics:
             self._counters[column] = max(self._counters[column], size)
             self._buckets[size.bit_length() - 1] += 1
             self._add("decoding_seconds", seconds)
+
+    def decoding_stopped(self):
+        """This process's decoding thread stopped (`GET /health` of every
+        worker says so)."""
+        with self._lock:
+            self._counters[_column("decoding_stopped")] = 1
+
+    def stopped_workers(self):
+        """The slots (worker processes) whose decoding thread stopped."""
+        with self._lock:
+            flags = np.array(self.slots.values[:, _column("decoding_stopped")])
+        return [int(slot) for slot in np.flatnonzero(flags)]
 
     def snapshot(self, queued=0):
         """The counters as `GET /metrics` returns them, every slot's added

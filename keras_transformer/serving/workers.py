@@ -18,7 +18,8 @@ every worker serves, and on SIGTERM or Ctrl-C stops them, each answering
 the requests it holds first. A worker that fails to start, or stops while
 serving, stops them all, with its error and exit status 1. The counters
 of `GET /metrics` are every worker's (`metrics.CounterSlots` in shared
-memory); `GET /health` is the answering worker's.
+memory), and `GET /health` fails once any worker's decoding thread
+stopped.
 """
 
 import contextlib
