@@ -838,6 +838,21 @@ def test_worker_processes_serve_together_count_together_and_stop_on_sigterm(expe
         metrics = server.metrics()
         assert (metrics["workers"], metrics["requests"], metrics["sentences"]) == (2, 8, 32)
         assert metrics["batches"]["sentences"] == 32 and metrics["responses_by_status"] == {"200": 8}
+        # Connections a client opens one after another, each kept open, go
+        # to the workers in turn (shared, the first free worker took most).
+        deadline = time.monotonic() + 30
+        while server.metrics()["connections"]["open"] > 1 and time.monotonic() < deadline:
+            time.sleep(0.05)  # (the clients' connections above, closing)
+        kept = []
+        for _ in range(32):
+            kept.append(http.client.HTTPConnection(server.host, server.port, timeout=120))
+            kept[-1].request("POST", "/translate", json.dumps({"q": SENTENCES[0], "source": "en", "target": "de"}),
+                             {"Content-Type": "application/json"})
+            assert kept[-1].getresponse().status == 200
+        held = server.metrics()["connections"]["by_worker"]  # (with the request's own connection)
+        assert sum(held) == 33 and max(held) - min(held) <= 1, held
+        for connection in kept:
+            connection.close()
         _sigterm_answers_what_is_in_flight(server, [SENTENCES] * len(texts), expected)
         with pytest.raises(OSError):  # nobody listens any more
             socket.create_connection((server.host, server.port), timeout=5).close()

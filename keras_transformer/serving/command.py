@@ -10,6 +10,7 @@ command says so where they are missing. This module imports neither until
 the command runs (the command line builds its parser on every start).
 """
 
+import asyncio
 import logging
 import signal
 import sys
@@ -102,28 +103,30 @@ def serve(args):
     serve_here(args, Metrics())
 
 
-def serve_here(args, metrics, sockets=None, ready=None):
+def serve_here(args, metrics, sockets=None, ready=None, channel=None):
     """Serves in this process: the presets loaded in its decoding thread,
     counting into `metrics`, on `sockets` (by default `--host` and
-    `--port`); `ready(registry)` once it serves (by default, the line that
-    names the address is logged)."""
+    `--port`), or on the connections that arrive on `channel` (a worker's
+    end of its socket pair: `connections.receive`); `ready(registry)` once
+    it serves (by default, the line that names the address is logged)."""
     import uvicorn
 
     from keras_transformer.serving.app import create_app
+    from keras_transformer.serving.connections import counted_protocol
 
     batcher = batching.Batcher(metrics, max_batch_tokens=args.max_batch_tokens, batch_wait=args.batch_wait_ms / 1000)
     registry = batcher.start(load=lambda: load_registry(args))
     limits = Limits(max_request_chars=args.max_request_chars, max_sentences=args.max_sentences)
     app = create_app(registry, batcher, metrics, limits)
     config = uvicorn.Config(app, host=args.host, port=args.port, access_log=not args.no_access_log,
-                            lifespan="on", log_level="info")
-    server = _uvicorn_server(config, registry, ready)
+                            lifespan="on", log_level="info", http=counted_protocol(metrics))
+    server = _uvicorn_server(config, registry, ready, channel)
     # Uvicorn raises the signal that stopped it again once it has shut down,
     # with the handlers it found: a shutdown it finished ends with status 0.
     for stop in (signal.SIGINT, signal.SIGTERM):
         signal.signal(stop, lambda *_: None)
     try:
-        server.run(sockets=sockets)
+        server.run(sockets=[] if channel is not None else sockets)
     finally:
         batcher.close()
 
@@ -168,14 +171,21 @@ def decoding_settings(args):
     return {"beam_size": args.beam_size, "alpha": args.alpha, "length_penalty": args.length_penalty}
 
 
-def _uvicorn_server(config, registry, ready=None):
+def _uvicorn_server(config, registry, ready=None, channel=None):
     """Uvicorn's server, which also logs the page's URL (with the port
-    chosen for `--port 0`) once it listens, or calls `ready(registry)`."""
+    chosen for `--port 0`) once it listens, or calls `ready(registry)`;
+    with a `channel`, it also serves the connections that arrive on it."""
     import uvicorn
+
+    from keras_transformer.serving.connections import receive
 
     class Server(uvicorn.Server):
         async def startup(self, sockets=None):
             await super().startup(sockets=sockets)
+            if channel is not None and not self.should_exit:
+                # (as uvicorn makes the protocol of each connection it accepts)
+                receive(channel, asyncio.get_running_loop(), lambda: config.http_protocol_class(
+                    config=config, server_state=self.server_state, app_state=self.lifespan.state))
             if ready is not None:
                 ready(registry)
             elif getattr(self, "servers", None):

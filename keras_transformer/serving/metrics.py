@@ -41,7 +41,7 @@ def size_bucket(size):
 # to 599), each batch size's bucket (`size_bucket`: powers of two), and the
 # last `LATENCY_WINDOW` latencies (a ring).
 _COUNTERS = ("requests", "sentences", "in_flight", "disconnects", "batches", "batch_sentences", "batch_max",
-             "decoding_seconds", "latencies", "decoding_stopped")
+             "decoding_seconds", "latencies", "decoding_stopped", "connections_opened", "connections_closed")
 _STATUSES, _FIRST_STATUS = 500, 100
 _BUCKETS = 64
 # Where each part of a slot starts, and its size.
@@ -107,6 +107,10 @@ class CounterSlots:
         if self._memory is not None:
             self._memory.unlink()
 
+    def counts(self, name):
+        """A counter of every slot (`"connections_closed"`, say), a list."""
+        return self.values[:, _column(name)].tolist()
+
     def own(self):
         """This process's slot: `(counters, statuses, buckets, latencies)` views."""
         row = self.values[self.slot]
@@ -115,6 +119,12 @@ class CounterSlots:
 
 def _column(name):
     return _COUNTERS.index(name)
+
+
+def _connections(counters):
+    """The open connections in all, and each worker's."""
+    held = counters[:, _column("connections_opened")] - counters[:, _column("connections_closed")]
+    return {"open": int(held.sum()), "by_worker": [int(n) for n in held]}
 
 
 class Metrics:
@@ -167,6 +177,16 @@ class Metrics:
             self._buckets[size.bit_length() - 1] += 1
             self._add("decoding_seconds", seconds)
 
+    def connection_opened(self):
+        """A client's connection, opened."""
+        with self._lock:
+            self._add("connections_opened")
+
+    def connection_closed(self):
+        """A client's connection, closed."""
+        with self._lock:
+            self._add("connections_closed")
+
     def decoding_stopped(self):
         """This process's decoding thread stopped (`GET /health` of every
         worker says so)."""
@@ -200,6 +220,7 @@ class Metrics:
             "errors": int(statuses[400 - _FIRST_STATUS:].sum()),
             "responses_by_status": {str(i + _FIRST_STATUS): int(n) for i, n in enumerate(statuses) if n},
             "disconnects": int(total["disconnects"]),
+            "connections": _connections(counters),
             "latency_seconds": {
                 f"p{q}": None if not latencies else round(float(percentile(latencies, q)), 6) for q in (50, 90, 99)
             } | {"count": len(latencies)},

@@ -12,10 +12,12 @@ answers. Each computes with its share of the cores (`OMP_NUM_THREADS` and
 `TF_NUM_INTRAOP_THREADS`, unless set).
 
 The command's process binds the socket, starts the workers (each a fresh
-interpreter, through `multiprocessing`'s spawn; the operating system gives
-each connection to one of them), logs the line that names the address once
-every worker serves, and on SIGTERM or Ctrl-C stops them, each answering
-the requests it holds first. A worker that fails to start, or stops while
+interpreter, through `multiprocessing`'s spawn), deals each connection to
+the worker that holds the fewest (`connections.py`; where descriptors
+cannot be passed, the workers share the socket and the operating system
+gives each connection to one of them), logs the line that names the
+address once every worker serves, and on SIGTERM or Ctrl-C stops them,
+each answering the requests it holds first. A worker that fails to start, or stops while
 serving, stops them all, with its error and exit status 1. The counters
 of `GET /metrics` are every worker's (`metrics.CounterSlots` in shared
 memory), and `GET /health` fails once any worker's decoding thread
@@ -27,6 +29,7 @@ import logging
 import os
 import queue
 import signal
+import socket
 import sys
 import threading
 import time
@@ -44,6 +47,7 @@ def run(args):
 
     import uvicorn
 
+    from keras_transformer.serving import connections
     from keras_transformer.serving.command import log_address
     from keras_transformer.serving.metrics import CounterSlots
 
@@ -51,8 +55,11 @@ def run(args):
     slots = CounterSlots.create(args.workers)
     context = multiprocessing.get_context("spawn")
     messages = context.Queue()
+    # (each worker's socket pair: the command's end, the worker's end)
+    pairs = [socket.socketpair() for _ in range(args.workers)] if connections.can_deal() else []
     processes = [
-        context.Process(target=serve_worker, args=(args, sock, slot, slots.name, messages),
+        context.Process(target=serve_worker, args=(args, pairs[slot][1] if pairs else sock, slot, slots.name,
+                                                   messages, bool(pairs)),
                         name=f"keras-transformer-worker-{slot}")
         for slot in range(args.workers)
     ]
@@ -70,12 +77,15 @@ def run(args):
         with _terminal_as_stderr():
             for process in processes:
                 process.start()
-        pairs = _until_every_worker_serves(processes, messages, stopping)
-        if pairs is None:
+        served = _until_every_worker_serves(processes, messages, stopping)
+        if served is None:
             status = 1
         else:
+            if pairs:
+                connections.start_dealing(sock, [own for own, _ in pairs], lambda: slots.counts(
+                    "connections_closed"), stopping)
             if not stopping:
-                log_address(pairs, sock, len(processes))
+                log_address(served, sock, len(processes))
             status = _until_they_stop(processes, stopping)
     finally:
         stop()
@@ -86,6 +96,9 @@ def run(args):
             signal.signal(number, handler)
         slots.unlink()
         sock.close()
+        for pair in pairs:
+            for end in pair:
+                end.close()
     return status
 
 
@@ -153,11 +166,12 @@ def _until_they_stop(processes, stopping):
             return 0 if all(other.exitcode == 0 for other in processes) else 1
 
 
-def serve_worker(args, sock, slot, slots_name, messages):
+def serve_worker(args, sock, slot, slots_name, messages, dealt=False):
     """A worker process: prepares itself as the command's process does,
-    loads the presets and serves on `sock`, counting into its `slot` of
-    the shared counters; says on `messages` when it serves, or why it
-    could not."""
+    loads the presets and serves on `sock` (a listening socket, or, where
+    `dealt`, its end of the socket pair that its connections arrive on),
+    counting into its `slot` of the shared counters; says on `messages`
+    when it serves, or why it could not."""
     # (Ctrl-C in a terminal signals the command's process alone, which
     # stops every worker once: a second signal would make uvicorn drop the
     # requests in flight.)
@@ -176,7 +190,11 @@ def serve_worker(args, sock, slot, slots_name, messages):
     command_process.leave_out_tensorflow(preset_names(args))
     try:
         metrics = Metrics(CounterSlots.attach(slots_name, slot))
-        serve_here(args, metrics, sockets=[sock], ready=lambda registry: messages.put(("ready", slot, registry.pairs)))
+        ready = lambda registry: messages.put(("ready", slot, registry.pairs))  # noqa: E731
+        if dealt:
+            serve_here(args, metrics, channel=sock, ready=ready)
+        else:
+            serve_here(args, metrics, sockets=[sock], ready=ready)
     except (Exception, SystemExit) as error:  # noqa: BLE001 - told to the command's process, which prints it
         message = str(error).removeprefix("error: ") or type(error).__name__
         messages.put(("failed", slot, message))
