@@ -181,8 +181,10 @@ def test_html_translates_the_attributes_for_readers_and_keeps_what_is_marked_not
 
 def word_alignment(source, target, pairs):
     """An alignment as `alignment.alignments` gives one, from `(target
-    word, source word)` pairs (each word's first occurrence)."""
-    return [(target.index(t), target.index(t) + len(t), source.index(w), source.index(w) + len(w)) for t, w in pairs]
+    word, source word)` or `(target word, source word, ways)` pairs (each
+    word's first occurrence)."""
+    return [(target.index(t), target.index(t) + len(t), source.index(w), source.index(w) + len(w), *ways)
+            for t, w, *ways in pairs]
 
 
 class Tags(html.parser.HTMLParser):
@@ -224,6 +226,17 @@ def test_inline_elements_go_with_their_sentence_and_around_the_words_their_words
     pairs = [("La", "The"), ("voiture", "car"), ("s'arrête.", "stops")]
     found = stop.assemble(["La voiture s'arrête."], [word_alignment("The car stops.", "La voiture s'arrête.", pairs)])
     assert found == "<p>La voiture <b>s'arrête</b>.</p>"
+    # The surest alignment of an element's words: both ways, else from
+    # them, else (a word that no target word came from) the word it weighs most.
+    big = Document("<p>A <b>big</b> dog.</p>", format="html")
+    for pairs, expected in (
+        ([("Ein", "big", 1), ("großer", "big", 2), ("Hund", "dog", 2)], "<p>Ein <b>großer</b> Hund.</p>"),
+        ([("Ein", "A", 2), ("großer", "big", 1), ("Hund", "dog", 2), ("Hund", "big", 0)],
+         "<p>Ein <b>großer</b> Hund.</p>"),
+        ([("Ein", "A", 2), ("Hund", "dog", 2), ("Hund", "big", 0)], "<p>Ein <b>Hund</b>.</p>"),
+    ):
+        german = re.sub("<[^>]*>", "", expected)
+        assert big.assemble([german], [word_alignment("A big dog.", german, pairs)]) == expected
     # Elements whose words align alike, or with nothing, still nest, each once.
     for pairs in ([("Une", "A"), ("voiture", "very"), ("très", "very"), ("rouge", "very")], [("Une", "stops.")],
                   [("voiture", "car"), ("s'arrête.", "car"), ("très", "very")], [("très", "very"), ("s'arrête.", "car")]):
@@ -305,20 +318,26 @@ def test_word_alignments_are_each_pairs_attention_and_find_the_words(preset_mode
     words = set()
     for source, target, pairs in zip(SENTENCES, translations, found):
         # One pair alone, unpadded: each target token with the source token
-        # that the attention of the step predicting it weighs most.
+        # that the attention of the step predicting it weighs most; then
+        # each source token that none came from, with the target token
+        # whose step weighs it most.
         maps = attention_maps(preset_model, source, target)
         weights = np.mean([layer.mean(axis=0) for layer in maps["cross_attention"]], axis=0)
         source_spans = token_spans(source, maps["source_tokens"])
         readable = [j for j, span in enumerate(source_spans) if span]
         target_spans = token_spans(target, maps["target_tokens"][1:])
         spelled = [k for k, span in enumerate(target_spans) if span]
-        expected = []
+        expected, came_from = [], set()
         for k in spelled:
             j = max(readable, key=lambda j: weights[k, j])
             mutual = max(spelled, key=lambda other: weights[other, j]) == k  # (both ways)
-            expected.append((*target_spans[k], *source_spans[j], mutual))
+            expected.append((*target_spans[k], *source_spans[j], 2 if mutual else 1))
+            came_from.add(j)
+        for j in readable:
+            if j not in came_from:
+                expected.append((*target_spans[max(spelled, key=lambda k: weights[k, j])], *source_spans[j], 0))
         assert pairs == expected
-        words |= {(target[ts:te], source[ss:se]) for ts, te, ss, se, mutual in pairs if mutual}
+        words |= {(target[ts:te], source[ss:se]) for ts, te, ss, se, ways in pairs if ways == 2}
     assert {("Fahrrad", "bicycle"), ("Hunde", "dogs"), ("Schnee", "snow"), ("Frau", "woman")} <= words
 
 

@@ -156,8 +156,8 @@ def place_markup(source, translation, tags, alignment, escape):
         translation: its translation.
         tags: the sentence's `InlineTag`s, positions in the sentence.
         alignment: `(target_start, target_end, source_start, source_end,
-            mutual)` for the translation's tokens (`alignment.alignments`;
-            without `mutual`, each is).
+            ways)` for the translation's tokens (`alignment.alignments`;
+            without `ways`, each is aligned both ways).
         escape: the document's escape for text.
 
     >>> tags = [InlineTag(2, "start", "<b>", 0), InlineTag(5, "end", "</b>", 0)]
@@ -221,11 +221,14 @@ def _place_children(parent, source, translation, alignment):
 
 def _target_range(element, source, translation, alignment, low, high):
     """The characters of the translation an element holds: the tokens
-    aligned with its words (mutually, where any is), whole words, within
-    `[low, high)`, without punctuation at an edge where the element's own
-    text has none."""
-    held = [entry for entry in alignment if entry[2] < element.b and entry[3] > element.a]
-    hits = [entry[:2] for entry in held if len(entry) < 5 or entry[4]] or [entry[:2] for entry in held]
+    aligned with its words, the most surely aligned of them (both ways,
+    else from its words, else those its words weigh most), whole words,
+    within `[low, high)`, without punctuation at an edge where the
+    element's own text has none."""
+    held = [(entry[4] if len(entry) > 4 else 2, entry[:2]) for entry in alignment
+            if entry[2] < element.b and entry[3] > element.a]
+    surest = max((ways for ways, _ in held), default=None)
+    hits = [span for ways, span in held if ways == surest]
     if hits:
         start = _word_start(translation, min(ts for ts, _ in hits), low)
         end = _word_end(translation, max(te for _, te in hits), high)

@@ -15,6 +15,9 @@ read a token, and 16 to 25 with one layer alone. An alignment is
 all (the intersection of both directions, as symmetrized word alignments
 start from): a function word that the attention gives to the next content
 word (`auf einem` of `auf einem Fahrrad` for `bicycle`) is not mutual.
+A source token that no target token is aligned with still names the
+target token it weighs most (the other direction alone), so that every
+source word has a place in the translation.
 
 Tokens are matched to the characters they cover in the text (SentencePiece
 pieces without their `▁`, WordPiece pieces without their `##`); special
@@ -27,8 +30,9 @@ from keras import ops
 
 from keras_transformer.utils.text import is_blank
 
-# Pairs aligned in one forward pass.
-ALIGNMENT_BATCH_SIZE = 16
+# Pairs aligned in one forward pass (64 Multi30k sentences, PyTorch, 2
+# cores: 0.17 s 16 at a time, 0.10 s all at once).
+ALIGNMENT_BATCH_SIZE = 64
 
 
 def alignments(model, sources, targets, target_prefix=None, batch_size=ALIGNMENT_BATCH_SIZE):
@@ -46,10 +50,14 @@ def alignments(model, sources, targets, target_prefix=None, batch_size=ALIGNMENT
 
     Returns:
         One list a pair of `(target_start, target_end, source_start,
-        source_end, mutual)`: a target token's characters in `targets[i]`,
-        those of the source token it came from in `sources[i]`, and
-        whether that source token weighs it most of the target's tokens;
-        empty for a blank source or target.
+        source_end, ways)`: a target token's characters in `targets[i]`
+        and those of a source token in `sources[i]`; `ways` 2 where each
+        weighs the other most (mutual), 1 where the target token came from
+        that source token but the source token weighs another target token
+        more, 0 (one entry for each source token that no target token
+        came from) where the source token weighs that target token most
+        and the target token came from another. Empty for a blank source or
+        target.
     """
     if len(sources) != len(targets):
         raise ValueError(f"Got {len(sources)} sources and {len(targets)} translations; give one of each a pair.")
@@ -86,7 +94,9 @@ def _batch_alignments(model, sources, targets, prefix):
         sources_of, targets_of = scores.argmax(axis=1), scores.argmax(axis=0)
         for n, k in enumerate(spelled):
             j = int(sources_of[n])
-            results[i].append((*target_spans[k], *source_spans[readable[j]], bool(targets_of[j] == n)))
+            results[i].append((*target_spans[k], *source_spans[readable[j]], 2 if targets_of[j] == n else 1))
+        for j in sorted(set(range(len(readable))) - {int(j) for j in sources_of}):
+            results[i].append((*target_spans[spelled[int(targets_of[j])]], *source_spans[readable[j]], 0))
     return results
 
 

@@ -138,7 +138,7 @@ def markup_alignments(model, sources, targets, source_language=None, target_lang
     found = alignments(model, texts, targets, target_prefix=model.target_prefix_ids(prefix))
     shifts = [len(text) - len(source) if text.endswith(source) else 0 for text, source in zip(texts, sources)]
     return [
-        [(ts, te, ss - shift, se - shift, mutual) for ts, te, ss, se, mutual in pairs if ss >= shift]
+        [(ts, te, ss - shift, se - shift, ways) for ts, te, ss, se, ways in pairs if ss >= shift]
         for pairs, shift in zip(found, shifts)
     ]
 
