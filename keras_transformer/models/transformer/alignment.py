@@ -30,9 +30,14 @@ from keras import ops
 
 from keras_transformer.utils.text import is_blank
 
-# Pairs aligned in one forward pass (64 Multi30k sentences, PyTorch, 2
-# cores: 0.17 s 16 at a time, 0.10 s all at once).
+# Pairs aligned in one forward pass: at most this many, and at most this
+# many (pairs) x (source tokens) x (target tokens) (the attention weights
+# of a layer and head: 64 Multi30k sentences take about 64 x 20 x 20;
+# 64 sentences of the model's 256 tokens would hold gigabytes). 64
+# Multi30k sentences on PyTorch (2 cores): 0.17 s 16 at a time, 0.10 s all
+# at once.
 ALIGNMENT_BATCH_SIZE = 64
+ALIGNMENT_BATCH_CELLS = 64 * 48 * 48
 
 
 def alignments(model, sources, targets, target_prefix=None, batch_size=ALIGNMENT_BATCH_SIZE):
@@ -46,7 +51,8 @@ def alignments(model, sources, targets, target_prefix=None, batch_size=ALIGNMENT
         targets: their translations (strings).
         target_prefix: token ids that the translations were forced to
             start with (a multilingual model's target language), or None.
-        batch_size: pairs a forward pass.
+        batch_size: the most pairs a forward pass (fewer where they are
+            long: `ALIGNMENT_BATCH_CELLS`).
 
     Returns:
         One list a pair of `(target_start, target_end, source_start,
@@ -61,43 +67,59 @@ def alignments(model, sources, targets, target_prefix=None, batch_size=ALIGNMENT
     """
     if len(sources) != len(targets):
         raise ValueError(f"Got {len(sources)} sources and {len(targets)} translations; give one of each a pair.")
-    results = []
-    for start in range(0, len(sources), batch_size):
-        results.extend(_batch_alignments(model, sources[start : start + batch_size],
-                                         targets[start : start + batch_size], target_prefix or []))
-    return results
-
-
-def _batch_alignments(model, sources, targets, prefix):
-    preprocessor = model.preprocessor
-    tokenizer = preprocessor.tokenizer
+    preprocessor, prefix = model.preprocessor, list(target_prefix or [])
     kept = [i for i, (s, t) in enumerate(zip(sources, targets)) if not (is_blank(s) or is_blank(t))]
     results = [[] for _ in sources]
     if not kept:
         return results
     source_ids = preprocessor.generate_preprocess([sources[i] for i in kept], model.backbone.max_sequence_length)
     target_ids = [_decoder_inputs(preprocessor, targets[i], prefix) for i in kept]
-    weights = _cross_attention(model.backbone, source_ids, target_ids)
-    for row, i in enumerate(kept):
-        source_spans = token_spans(sources[i], [tokenizer.id_to_token(int(t)) for t in source_ids[row]])
-        # (the decoder's inputs are the start id, the prefix, then the target's tokens)
-        pieces = target_ids[row][1 + len(prefix):]
-        target_spans = token_spans(targets[i], [tokenizer.id_to_token(int(t)) for t in pieces])
-        readable = [j for j, span in enumerate(source_spans) if span is not None]
-        if not readable:
-            continue
-        spelled = [k for k, span in enumerate(target_spans) if span is not None]
-        if not spelled:
-            continue
-        # (the steps that predict the target's tokens, and the source's tokens)
-        scores = weights[row][np.ix_([len(prefix) + k for k in spelled], readable)]
-        sources_of, targets_of = scores.argmax(axis=1), scores.argmax(axis=0)
-        for n, k in enumerate(spelled):
-            j = int(sources_of[n])
-            results[i].append((*target_spans[k], *source_spans[readable[j]], 2 if targets_of[j] == n else 1))
-        for j in sorted(set(range(len(readable))) - {int(j) for j in sources_of}):
-            results[i].append((*target_spans[spelled[int(targets_of[j])]], *source_spans[readable[j]], 0))
+    for batch in _batches([(len(s), len(t)) for s, t in zip(source_ids, target_ids)], batch_size):
+        weights = _cross_attention(model.backbone, [source_ids[n] for n in batch], [target_ids[n] for n in batch])
+        for row, n in enumerate(batch):
+            i = kept[n]
+            results[i] = _pair_alignment(model.preprocessor.tokenizer, sources[i], targets[i], source_ids[n],
+                                         target_ids[n][1 + len(prefix):], weights[row, len(prefix):])
     return results
+
+
+def _batches(lengths, batch_size):
+    """The pairs (indices, in order) of each forward pass: up to
+    `batch_size`, and up to `ALIGNMENT_BATCH_CELLS` attention weights.
+
+    >>> _batches([(20, 20)] * 3 + [(300, 300), (30, 30)], batch_size=2)
+    [[0, 1], [2], [3], [4]]
+    """
+    batches, batch, longest = [], [], (0, 0)
+    for n, (source, target) in enumerate(lengths):
+        wider = (max(longest[0], source), max(longest[1], target))
+        if batch and (len(batch) == batch_size or (len(batch) + 1) * wider[0] * wider[1] > ALIGNMENT_BATCH_CELLS):
+            batches.append(batch)
+            batch, wider = [], (source, target)
+        batch.append(n)
+        longest = wider
+    return batches + [batch] if batch else batches
+
+
+def _pair_alignment(tokenizer, source, target, source_ids, pieces, weights):
+    """One pair's alignment (`alignments`) from its attention weights
+    (`weights`: a row for each step from the one predicting the first of
+    the target's `pieces`, a column for each of `source_ids`)."""
+    source_spans = token_spans(source, [tokenizer.id_to_token(int(t)) for t in source_ids])
+    target_spans = token_spans(target, [tokenizer.id_to_token(int(t)) for t in pieces])
+    readable = [j for j, span in enumerate(source_spans) if span is not None]
+    spelled = [k for k, span in enumerate(target_spans) if span is not None]
+    if not readable or not spelled:
+        return []
+    scores = weights[np.ix_(spelled, readable)]
+    sources_of, targets_of = scores.argmax(axis=1), scores.argmax(axis=0)
+    found = []
+    for n, k in enumerate(spelled):
+        j = int(sources_of[n])
+        found.append((*target_spans[k], *source_spans[readable[j]], 2 if targets_of[j] == n else 1))
+    for j in sorted(set(range(len(readable))) - {int(j) for j in sources_of}):
+        found.append((*target_spans[spelled[int(targets_of[j])]], *source_spans[readable[j]], 0))
+    return found
 
 
 def _decoder_inputs(preprocessor, target, prefix):
