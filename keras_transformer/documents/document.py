@@ -132,9 +132,10 @@ class Document:
         `alignments`: for each of `markup_segments`, in order, the word
         alignment of the segment and its translation
         (`keras_transformer.models.transformer.alignment.alignments`:
-        `(target_start, target_end, source_start, source_end)` of each
-        target token), which places the inline tags; None: words at the
-        same share of the sentence (`inline.proportional_alignment`)."""
+        `(target_start, target_end, source_start, source_end, ways)` of
+        target and source tokens, `ways` optional), which places the
+        inline tags; None: words at the same share of the sentence
+        (`inline.proportional_alignment`)."""
         if isinstance(translations, (str, bytes)) or not hasattr(translations, "__len__"):
             raise TypeError(f"translations must be a list of strings, got {type(translations).__name__}.")
         translations = list(translations)
