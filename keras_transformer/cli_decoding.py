@@ -53,7 +53,7 @@ def add_document_options(p):
                    "sentence longer than the model reads is split at ;:, or between words")
     p.add_argument("--format", choices=("text", "html"), default="text", help="html: keep tags, translate text nodes "
                    "and the attributes for readers (alt, title, ...; not <script>, <style> or what is marked "
-                   "translate=\"no\") (default: text)")
+                   "translate=\"no\"), sentences with inline elements (<b>, <a>, ...) whole (default: text)")
     p.add_argument("--document", action="store_true", help="translate the whole input (file or stdin; or each "
                    "TEXT) as one document and write it as it is, its line ends (\\r\\n too) and whitespace kept: "
                    "for HTML pages whose tags span lines (implies --split-sentences)")

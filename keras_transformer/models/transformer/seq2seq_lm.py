@@ -398,7 +398,10 @@ class TransformerSeq2SeqLM(EnsembleMembers, PresetIO, keras_hub.models.Seq2SeqLM
                 the attributes written for readers (`alt`, `title`, ...)
                 translated (not `<script>`, `<style>` or what is marked
                 `translate="no"`), and the translations escaped as the
-                page escaped its text.
+                page escaped its text; a sentence that inline elements
+                (`<b>`, `<a>`, ...) cut is translated whole and their tags
+                put around the words their words became (a word alignment
+                from the model's attention: `documents/inline.py`).
             no_repeat_ngram_size: n > 0: no output repeats n tokens (a
                 guard against degenerate repetition, as fairseq's and
                 transformers'); 0: off.
