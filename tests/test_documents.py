@@ -308,6 +308,7 @@ def test_generate_translates_documents_sentence_by_sentence(preset_model):
     assert preset_model.generate(page, format="html", split_sentences=True) == expected
 
 
+@once  # (the same Keras code on every backend; generate's test below runs it on each)
 def test_word_alignments_are_each_pairs_attention_and_find_the_words(preset_model):
     from keras_transformer.models.transformer.alignment import alignments
     from keras_transformer.models.transformer.alignment import token_spans
