@@ -18,6 +18,7 @@ left no word in the translation is placed, empty, where its place in the
 source says.
 """
 
+import bisect
 import unicodedata
 from typing import NamedTuple
 
@@ -84,16 +85,19 @@ def tag_owners(tags, spans):
     in the run's text, in order) it goes with, or None for one between
     sentences: a tag inside a sentence goes with it; at its first
     character, a start tag; after its last, an end tag."""
-    owners = []
-    for tag in tags:
-        owner = None
-        for j, (first, last) in enumerate(spans):
-            if (first < tag.position < last or (tag.position == first and tag.kind == "start")
-                    or (tag.position == last and tag.kind == "end")):
-                owner = j
-                break
-        owners.append(owner)
-    return owners
+    firsts = [first for first, _ in spans]
+    return [_owner(tag, spans, bisect.bisect_right(firsts, tag.position) - 1) for tag in tags]
+
+
+def _owner(tag, spans, last_started):
+    """The sentence of `tag`: the last one to start at or before it, or, for
+    an end tag where the next starts, the one before."""
+    for j in (last_started, last_started - 1):
+        first, last = spans[j] if j >= 0 else (0, -1)
+        if (first < tag.position < last or (tag.position == first and tag.kind == "start")
+                or (tag.position == last and tag.kind == "end")):
+            return j
+    return None
 
 
 def peel_covering(tags, first, last):
