@@ -23,8 +23,11 @@ as any other). Where Python cannot pass descriptors (`socket.send_fds`,
 not on Windows), the workers share the socket.
 """
 
+import logging
 import socket
 import threading
+
+logger = logging.getLogger("uvicorn.error")
 
 # How often the dealer looks whether the command is stopping (seconds).
 ACCEPT_TIMEOUT_SECONDS = 0.2
@@ -70,13 +73,17 @@ def deal(listener, channels, closed, stopping):
         except OSError:  # (closed: the command stops)
             return
         with connection:
-            held = [count - gone for count, gone in zip(given, closed())]
-            worker = min(range(len(channels)), key=lambda i: (held[i], given[i]))
             try:
+                held = [count - gone for count, gone in zip(given, closed())]
+                worker = min(range(len(channels)), key=lambda i: (held[i], given[i]))
                 socket.send_fds(channels[worker], [b"c"], [connection.fileno()])
                 given[worker] += 1
             except OSError:  # (the worker is gone: the command stops)
                 continue
+            except Exception:  # noqa: BLE001 - one connection lost, never the dealer
+                if stopping:
+                    return
+                logger.exception("could not hand a connection to a worker")
 
 
 def start_dealing(listener, channels, closed, stopping):
