@@ -190,17 +190,17 @@ class Document:
     def _add_run(self, run):
         """A run's text and inline tags (`inline.Run`), its sentences as
         segments; a new, empty run."""
-        if not run.tags or not run.nested:  # (markup kept between pieces translated each on its own)
+        text, tags = run.text, run.tags
+        if not tags or not run.nested:  # (markup kept between pieces translated each on its own)
             position = 0
-            for tag in [*run.tags, None]:
-                end = len(run.text) if tag is None else tag.position
+            for tag in [*tags, None]:
+                end = len(text) if tag is None else tag.position
                 if end > position:
-                    self._add_line(run.text[position:end], flowing=True)
+                    self._add_line(text[position:end], flowing=True)
                     position = end
                 if tag is not None:
                     self._parts.append(tag.markup)
             return inline.Run()
-        text, tags = run.text, run.tags
         spans = self._sentence_spans(text)
         owners = inline.tag_owners(tags, spans)
         between = iter([tag for tag, owner in zip(tags, owners) if owner is None] + [None])

@@ -76,9 +76,6 @@ class Run:
             self.nested = False
         self.tags.append(InlineTag(self._length, kind, markup, element))
 
-    def __bool__(self):
-        return bool(self.pieces or self.tags)
-
 
 def tag_owners(tags, spans):
     """For each tag, the index of the sentence (`spans`, `(first, last)`
