@@ -61,7 +61,7 @@ class Route:
     def generate(self, texts):
         """The translations of `texts` (a list), decoded together."""
         return self.served.model.generate(
-            list(texts), batch_size=max(1, len(texts)), verbose=0, **self.served.decoding, **self._languages()
+            list(texts), batch_size=max(1, len(texts)), verbose=0, **self.served.decoding, **self.language_options()
         )
 
     @property
@@ -70,7 +70,9 @@ class Route:
         translations (inline HTML markup), on the same decoding thread."""
         return AlignmentRoute(self)
 
-    def _languages(self):
+    def language_options(self):
+        """`generate`'s `source_language` and `target_language` for this
+        route (none for a model of one pair)."""
         languages = {}
         if self.source_language is not None:
             languages["source_language"] = self.source_language
@@ -97,7 +99,7 @@ class AlignmentRoute:
         from keras_transformer.models.transformer.generation import markup_alignments
 
         sources, targets = zip(*pairs)
-        return markup_alignments(self.route.served.model, list(sources), list(targets), **self.route._languages())
+        return markup_alignments(self.route.served.model, list(sources), list(targets), **self.route.language_options())
 
 
 def parse_preset_argument(value):
