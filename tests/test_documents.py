@@ -239,7 +239,8 @@ def test_inline_elements_go_with_their_sentence_and_around_the_words_their_words
         assert big.assemble([german], [word_alignment("A big dog.", german, pairs)]) == expected
     # Elements whose words align alike, or with nothing, still nest, each once.
     for pairs in ([("Une", "A"), ("voiture", "very"), ("très", "very"), ("rouge", "very")], [("Une", "stops.")],
-                  [("voiture", "car"), ("s'arrête.", "car"), ("très", "very")], [("très", "very"), ("s'arrête.", "car")]):
+                  [("voiture", "car"), ("s'arrête.", "car"), ("très", "very")],
+                  [("très", "very"), ("s'arrête.", "car")]):
         found = document.assemble([target], [word_alignment(source, target, pairs)])
         tags = Tags(found)
         assert tags.nested and not tags.open and sorted(tags.found) == sorted(Tags(document.text).found)
