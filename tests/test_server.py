@@ -201,9 +201,13 @@ def test_documents_and_html_come_back_translated_sentence_by_sentence(server, ex
     # Inline elements: sentences translated whole, the elements around
     # the words aligned with theirs (on the server's decoding thread).
     page = f"<p>{first.replace('bicycle', '<b>bicycle</b>')} {SENTENCES[6].replace('beach', '<i>beach</i>')}</p>"
+    before = server.metrics()
     status, answer = server.translate(page, format="html")
     assert (status, answer) == (200, {"translatedText": expected(page, format="html", split_sentences=True)})
     assert "<b>" in answer["translatedText"] and "<i>" in answer["translatedText"]
+    after = server.metrics()  # (one request, one batch of its 2 sentences: the alignment's is not counted)
+    assert [after[key] - before[key] for key in ("requests", "sentences")] == [1, 2]
+    assert [after["batches"][key] - before["batches"][key] for key in ("count", "sentences")] == [1, 2]
     # A paragraph longer than the model reads: each of its sentences translated.
     status, answer = server.translate(" ".join([first] * 60))
     assert (status, answer) == (200, {"translatedText": " ".join([expected(first)] * 60)})
@@ -473,6 +477,8 @@ def test_source_auto_is_the_served_source_the_text_is_in():
 
 
 class FakeRoute:
+    counted = True
+
     def __init__(self, name, model):
         self.key, self.model = name, model
 

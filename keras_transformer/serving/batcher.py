@@ -60,7 +60,9 @@ class Job:
     """One request's sentences on their way through the queue.
 
     Args:
-        route: where they go (`registry.Route`: `key` and `generate`).
+        route: where they go (`registry.Route`: `key`, `generate`, and
+            `counted`: whether its batches count as translations'
+            in the metrics).
         texts: the sentences (strings).
         deliver: called once, from the decoding thread, with the list of
             translations or with the exception that failed them.
@@ -266,7 +268,7 @@ class Batcher:
             return
         self._last_batch_end = time.monotonic()
         self._last_batch_seconds = self._last_batch_end - started
-        if getattr(batch[0][0].route, "counted", True):  # (not a batch of alignments)
+        if batch[0][0].route.counted:  # (not a batch of alignments)
             self.metrics.batch_decoded(len(batch), self._last_batch_seconds)
         for (job, index), output in zip(batch, outputs):
             job.results[index] = output

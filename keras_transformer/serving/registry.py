@@ -52,6 +52,7 @@ class Route:
     pair: tuple
     source_language: str = None
     target_language: str = None
+    counted = True  # (its batches are translations, `GET /metrics` counts them)
 
     @property
     def key(self):
