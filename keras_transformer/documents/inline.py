@@ -19,6 +19,7 @@ source says.
 """
 
 import bisect
+import re
 import unicodedata
 from typing import NamedTuple
 
@@ -132,14 +133,7 @@ def proportional_alignment(source, target):
 
 
 def _words(text):
-    spans, start = [], None
-    for i, character in enumerate(text + " "):
-        if character.isspace() and start is not None:
-            spans.append((start, i))
-            start = None
-        elif not character.isspace() and start is None:
-            start = i
-    return spans
+    return [match.span() for match in re.finditer(r"\S+", text)]
 
 
 class _Element:

@@ -56,13 +56,14 @@ def counted_protocol(metrics):
     return CountedProtocol
 
 
-def deal(listener, channels, closed, stopping):
-    """The command's process: accepts connections on `listener` until
+def deal(listener, backlog, channels, closed, stopping):
+    """The command's process: accepts connections on `listener` (queuing
+    up to `backlog`, uvicorn's setting) until
     `stopping` (a list, non-empty once the command stops) and sends each to
     the worker of `channels` (its end of each worker's socket pair) that
     holds the fewest; `closed()` gives the connections each worker has
     closed."""
-    listener.listen(2048)  # (uvicorn's backlog)
+    listener.listen(backlog)
     listener.settimeout(ACCEPT_TIMEOUT_SECONDS)
     given = [0] * len(channels)
     while not stopping:
@@ -86,9 +87,9 @@ def deal(listener, channels, closed, stopping):
                 logger.exception("could not hand a connection to a worker")
 
 
-def start_dealing(listener, channels, closed, stopping):
+def start_dealing(listener, backlog, channels, closed, stopping):
     """`deal` in a daemon thread of the command's process."""
-    thread = threading.Thread(target=deal, args=(listener, channels, closed, stopping),
+    thread = threading.Thread(target=deal, args=(listener, backlog, channels, closed, stopping),
                               name="keras-transformer-dealer", daemon=True)
     thread.start()
     return thread

@@ -51,7 +51,8 @@ def run(args):
     from keras_transformer.serving.command import log_address
     from keras_transformer.serving.metrics import CounterSlots
 
-    sock = uvicorn.Config(app=None, host=args.host, port=args.port, log_level="info").bind_socket()
+    config = uvicorn.Config(app=None, host=args.host, port=args.port, log_level="info")
+    sock = config.bind_socket()
     slots = CounterSlots.create(args.workers)
     context = multiprocessing.get_context("spawn")
     messages = context.Queue()
@@ -82,7 +83,7 @@ def run(args):
             status = 1
         else:
             if pairs:
-                connections.start_dealing(sock, [own for own, _ in pairs], lambda: slots.counts(
+                connections.start_dealing(sock, config.backlog, [own for own, _ in pairs], lambda: slots.counts(
                     "connections_closed"), stopping)
             if not stopping:
                 log_address(served, sock, len(processes))

@@ -28,6 +28,7 @@ and align with nothing.
 import numpy as np
 from keras import ops
 
+from keras_transformer.decoding.beam import round_up
 from keras_transformer.runtime.compiled import compiles_steps
 from keras_transformer.utils.text import is_blank
 
@@ -160,7 +161,7 @@ def _padded(id_lists, multiple, rows, limit):
     padding each), as wide as the longest rounded up to `multiple`, at
     most `limit`."""
     longest = max(map(len, id_lists))
-    width = min(-(-longest // multiple) * multiple, max(limit, longest))
+    width = min(round_up(longest, multiple), max(limit, longest))
     ids = np.zeros((rows, width), "int32")
     mask = np.zeros((rows, width), "int32")
     mask[:, 0] = 1  # (a padding row attends somewhere)
