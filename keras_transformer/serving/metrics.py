@@ -196,8 +196,8 @@ class Metrics:
     def stopped_workers(self):
         """The slots (worker processes) whose decoding thread stopped."""
         with self._lock:
-            flags = np.array(self.slots.values[:, _column("decoding_stopped")])
-        return [int(slot) for slot in np.flatnonzero(flags)]
+            flags = self.slots.counts("decoding_stopped")
+        return [slot for slot, flag in enumerate(flags) if flag]
 
     def snapshot(self, queued=0):
         """The counters as `GET /metrics` returns them, every slot's added
